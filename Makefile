@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test install redis-server sample-data clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# redis-server from Debian packages when missing and we are root; otherwise say how to get it.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server (Debian package)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is missing: run 'sudo apt-get install redis-server' (or your OS's package) and retry" >&2; \
+	    exit 1; \
+	  fi; }
+
+test: install redis-server
+	$(PY) -m pytest
+
+demo: install redis-server
+	$(PY) -m genfleet.demo
+
+sample-data: install
+	$(PY) examples/make_sample_data.py
+
+clean:
+	rm -rf .demo output .pytest_cache

@@ -1,0 +1,94 @@
+"""The two records that cross process boundaries: the task payload (msgpack, producer -> worker)
+and the completion record (one JSON line in a shard, worker -> disk)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+
+Message = dict[str, Any]
+
+
+@dataclass
+class TaskPayload:
+    run: str
+    id: str
+    dataset: str
+    row: int
+    partition: str
+    prompt_tokens: int
+    max_new_tokens: int
+    messages: list[Message]
+    # Exactly the tokens the chat template produced: no double BOS, no re-tokenisation drift.
+    input_ids: list[int] | None = None
+    text: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    enqueued_at: float = 0.0
+    attempt: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskPayload:
+        return cls(**data)
+
+    def to_msgpack(self) -> bytes:
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> TaskPayload:
+        return cls.from_dict(msgpack.unpackb(data, raw=False))
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class Timing:
+    enqueued_at: float
+    started_at: float
+    first_token_s: float | None
+    duration_s: float
+
+
+@dataclass
+class CompletionRecord:
+    id: str
+    run: str
+    dataset: str
+    partition: str
+    messages: list[Message]
+    reasoning: str
+    content: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    matched_stop: int | str | list[int] | None
+    usage: Usage
+    upstream: str
+    model: str
+    sampling: dict[str, Any]
+    timing: Timing
+    attempts: int
+    worker: str
+    output_ids: list[int] | None = None
+
+    def to_json_line(self) -> bytes:
+        data = asdict(self)
+        if data["output_ids"] is None:
+            del data["output_ids"]
+        return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> CompletionRecord:
+        data = json.loads(line)
+        data["usage"] = Usage(**data["usage"])
+        data["timing"] = Timing(**data["timing"])
+        return cls(**data)

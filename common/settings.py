@@ -1,0 +1,59 @@
+"""One typed settings object for every part, read from `GENFLEET_*` env vars; CLI flags override."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GENFLEET_", extra="ignore")
+
+    # Broker and run state live in the same Redis (noeviction, AOF).
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    output_dir: Path = Path("./output")
+    reasoning_parser: str = "kimi_k2"
+    flower_auth: str | None = None
+
+    # SGLang hosts a worker streams from; `genfleet worker --upstream` overrides.
+    upstreams: Annotated[list[str], NoDecode] = []
+    # Tokens between stream chunks: SGLang's default of 1 costs quadratic bytes when cumulative.
+    stream_interval: int = 32
+    connect_timeout_s: float = 10.0
+    # No byte from the server for this long means the stream is stalled (transient failure).
+    stall_timeout_s: float = 300.0
+    # The threads pool enforces no Celery time limit, so the task keeps its own deadline.
+    task_deadline_s: float = 2700.0
+    max_attempts: int = 5
+    retry_backoff_s: float = 5.0
+    retry_backoff_max_s: float = 600.0
+
+    # kombu re-queues an unacked task after this, even if it still runs: keep it far above
+    # task_deadline_s + retry_backoff_max_s, and equal in every worker and in Flower.
+    visibility_timeout_s: int = 7200
+    # How often kombu scans for unacked tasks to restore (interval x throttle seconds).
+    unacked_restore_interval_s: int = 10
+    unacked_restore_throttle: int = 10
+
+    shard_max_bytes: int = 256 * 1024 * 1024
+    # Group commit: records written within this window share one fsync.
+    commit_interval_s: float = 0.05
+
+    long_threshold_tokens: int = 16384
+    max_new_tokens_short: int = 10240
+    max_new_tokens_long: int = 16384
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split_upstreams(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

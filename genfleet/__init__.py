@@ -1,0 +1,1 @@
+"""genfleet: run large prompt datasets through SGLang servers as a Celery fleet."""

@@ -1,0 +1,3 @@
+from genfleet.cli import main
+
+main()

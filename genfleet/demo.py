@@ -1,0 +1,158 @@
+"""`make demo`: the whole pipeline on one box against the simulator, with Flower.
+
+Starts redis-server (own port, temp dir), the simulator, a short and a long worker and Flower,
+enqueues the bundled sample data, shows live progress and ends with a per-dataset summary.
+Ctrl-C stops every process it started.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import redis
+from rich.live import Live
+
+from common.status import read_progress, render, wide_console
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER = REPO / "sim" / "model"
+console = wide_console()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Processes:
+    """Child processes in their own process groups, all stopped on exit (Ctrl-C included)."""
+
+    def __init__(self, logs: Path, env: dict[str, str]) -> None:
+        self.logs, self.env = logs, env
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "w")
+        process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.children.append((name, process))
+        return process
+
+    def check_alive(self) -> None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited ({process.returncode}); see {self.logs / (name + '.log')}")
+
+    def stop_all(self) -> None:
+        for _, process in reversed(self.children):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _, process in reversed(self.children):
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_for(check, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
+
+
+def genfleet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "genfleet", *args]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the genfleet pipeline on sample data.")
+    parser.add_argument("--workdir", type=Path, default=REPO / ".demo", help="data, shards and logs")
+    parser.add_argument("--flower-port", type=int, default=5555)
+    parser.add_argument("--scale", type=float, default=1.0, help="sample data size multiplier")
+    parser.add_argument("--hold", action="store_true", help="keep everything running until Ctrl-C")
+    args = parser.parse_args()
+
+    if shutil.which("redis-server") is None:
+        sys.exit("redis-server is missing: `sudo apt-get install redis-server` (make demo does it as root)")
+    workdir = args.workdir.resolve()
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    redis_port, sim_port = free_port(), free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    run = time.strftime("demo-%Y%m%d-%H%M%S")
+    env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
+           "PYTHONUNBUFFERED": "1"}
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from make_sample_data import dataset_args, write_datasets
+    datasets = dataset_args(write_datasets(workdir / "data", scale=args.scale))
+
+    processes = Processes(logs, env)
+    with ExitStack() as stack:
+        stack.callback(processes.stop_all)
+        redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
+        stack.callback(shutil.rmtree, redis_dir, True)
+        # The broker settings DESIGN.md asks for: AOF every second, never evict a queued task.
+        processes.start("redis", "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                        "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
+                        "--maxmemory-policy", "noeviction", "--save", "")
+        client = redis.Redis.from_url(redis_url)
+        wait_for(client.ping, "redis-server")
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1", "--rate", "100"))
+        processes.start("worker-short", *genfleet("worker", "--pool", "short", "--upstream", sim_url))
+        processes.start("worker-long", *genfleet("worker", "--pool", "long", "--upstream", sim_url))
+        processes.start("flower", *genfleet("flower", "--port", str(args.flower_port)))
+        wait_for(lambda: "ready." in (logs / "worker-short.log").read_text()
+                 and "ready." in (logs / "worker-long.log").read_text(), "the workers")
+        console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · "
+                      f"Flower http://127.0.0.1:{args.flower_port} · logs {logs}")
+
+        subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *datasets),
+                       env=env, check=True)
+        started = time.monotonic()
+        with Live(render(read_progress(client, run)), console=console, refresh_per_second=2) as live:
+            while True:
+                processes.check_alive()
+                progress = read_progress(client, run)
+                live.update(render(progress, elapsed_s=time.monotonic() - started))
+                if progress.finished:
+                    break
+                time.sleep(0.5)
+        elapsed = time.monotonic() - started
+        console.print()
+        totals = progress.totals()
+        console.print(f"[green]done[/]: {totals.done} prompts, {totals.failed} failed, "
+                      f"{totals.completion_tokens:,} completion tokens in {elapsed:.1f} s "
+                      f"({totals.completion_tokens / elapsed:,.0f} tok/s)")
+        console.print(f"shards: {workdir / 'output' / run}")
+        if args.hold:
+            console.print(f"Flower: http://127.0.0.1:{args.flower_port} · Ctrl-C to stop")
+            while True:
+                processes.check_alive()
+                time.sleep(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        console.print("stopped")
+        sys.exit(130)

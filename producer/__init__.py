@@ -1,0 +1,1 @@
+"""Producer: datasets in, templated and counted prompts out, each enqueued once."""

@@ -1,0 +1,152 @@
+"""The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
+
+Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, so one
+shared "decode clock" (tokens decoded per request since start) integrates that speed exactly as
+`running` changes; a request's progress is the clock's advance since its prefill ended. The same
+bookkeeping integrates `running` over time, which gives an exact time-weighted mean occupancy.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    rate: float = 100.0
+    knee: float = 64.0
+    prefill_rate: float = 50_000.0
+    max_running: int | None = None
+
+
+@dataclass(frozen=True)
+class CapacityStats:
+    running: int
+    waiting: int
+    peak_running: int
+    mean_running: float
+    requests_started: int
+    requests_finished: int
+    requests_disconnected: int
+    tokens_generated: int
+    uptime_s: float
+
+
+class Capacity:
+    """Running and waiting requests, the shared decode clock, and counters since the last reset."""
+
+    def __init__(self, settings: CapacitySettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._started_at = self._last = clock()
+        self._decoded = self._running_area = 0.0
+        self.running = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.reset_stats()
+
+    # -- decode clock -------------------------------------------------------------------------
+
+    def decode_rate(self) -> float:
+        """Tokens/s of each running request right now."""
+        return self.settings.rate / (1.0 + self.running / self.settings.knee)
+
+    def progress(self) -> float:
+        """Tokens each running request has decoded since the server started (a shared clock)."""
+        self._advance()
+        return self._decoded
+
+    def seconds_until(self, progress: float) -> float:
+        """When the decode clock reaches `progress`, if `running` stays as it is."""
+        return max(0.0, (progress - self.progress()) / self.decode_rate())
+
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        return prompt_tokens / self.settings.prefill_rate
+
+    # -- slots --------------------------------------------------------------------------------
+
+    async def acquire(self) -> None:
+        """Take a running slot, waiting in FIFO order while `max_running` are busy."""
+        if not self._waiters and self._has_room():
+            self._start_one()
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed over just as the client went away
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self._advance()
+        self.running -= 1
+        while self._waiters and self._has_room():
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._start_one()
+                waiter.set_result(None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    # -- counters -----------------------------------------------------------------------------
+
+    def record_tokens(self, count: int) -> None:
+        self._tokens_generated += count
+
+    def record_finished(self) -> None:
+        self._requests_finished += 1
+
+    def record_disconnected(self) -> None:
+        self._requests_disconnected += 1
+
+    def stats(self) -> CapacityStats:
+        now = self._advance()
+        elapsed = now - self._stats_since
+        return CapacityStats(
+            running=self.running,
+            waiting=self.waiting,
+            peak_running=self._peak_running,
+            mean_running=self._running_area / elapsed if elapsed > 0 else float(self.running),
+            requests_started=self._requests_started,
+            requests_finished=self._requests_finished,
+            requests_disconnected=self._requests_disconnected,
+            tokens_generated=self._tokens_generated,
+            uptime_s=now - self._started_at,
+        )
+
+    def reset_stats(self) -> None:
+        self._stats_since = self._advance()
+        self._running_area = 0.0
+        self._peak_running = self.running
+        self._requests_started = self._requests_finished = self._requests_disconnected = 0
+        self._tokens_generated = 0
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _has_room(self) -> bool:
+        limit = self.settings.max_running
+        return limit is None or self.running < limit
+
+    def _start_one(self) -> None:
+        self._advance()
+        self.running += 1
+        self._requests_started += 1
+        self._peak_running = max(self._peak_running, self.running)
+
+    def _advance(self) -> float:
+        """Integrate decode progress and occupancy up to now; `running` is constant since `_last`."""
+        now = self._clock()
+        elapsed = now - self._last
+        if elapsed > 0:
+            self._decoded += elapsed * self.decode_rate()
+            self._running_area += elapsed * self.running
+            self._last = now
+        return now

@@ -1,0 +1,148 @@
+"""`genfleet sim` / `python -m sim`: command-line flags into SimSettings, then serve."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sim.capacity import CapacitySettings
+from sim.completion import LengthModel
+from sim.faults import ErrorFormat, FaultSettings
+from sim.settings import DEFAULT_CONTEXT_LENGTH, SimSettings
+from sim.vocab import DEFAULT_TOKENIZER_DIR
+
+_CAPACITY = "Capacity"
+_OUTPUT = "Output"
+_FAULTS = "Faults"
+
+
+def sim_command(
+    port: Annotated[int, typer.Option(help="Port to listen on.")],
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    tokenizer: Annotated[
+        Path, typer.Option(help="Tokenizer directory (tokenizer.json); also reported as the model path.")
+    ] = DEFAULT_TOKENIZER_DIR,
+    # -- capacity
+    rate: Annotated[
+        float, typer.Option(min=0.001, help="Decode tokens/s of a lone request.", rich_help_panel=_CAPACITY)
+    ] = 100.0,
+    knee: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Running count at which per-request speed halves: rate / (1 + running / knee).",
+            rich_help_panel=_CAPACITY,
+        ),
+    ] = 64.0,
+    prefill_rate: Annotated[
+        float, typer.Option(min=0.001, help="Prompt tokens/s of prefill.", rich_help_panel=_CAPACITY)
+    ] = 50_000.0,
+    max_running: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1, help="Most requests running at once; the rest wait (unlimited if unset).", rich_help_panel=_CAPACITY
+        ),
+    ] = None,
+    tick: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Shortest sleep of a stream between writes, in seconds.", rich_help_panel=_CAPACITY
+        ),
+    ] = 0.02,
+    # -- output
+    length_median: Annotated[
+        float, typer.Option(min=1.0, help="Median completion length in words (lognormal).", rich_help_panel=_OUTPUT)
+    ] = 646.0,
+    length_mean: Annotated[
+        float, typer.Option(min=1.0, help="Mean completion length in words (lognormal).", rich_help_panel=_OUTPUT)
+    ] = 1416.0,
+    length_scale: Annotated[
+        float, typer.Option(min=0.0, help="Multiplies every completion length.", rich_help_panel=_OUTPUT)
+    ] = 1.0,
+    reasoning_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of the words that are reasoning.", rich_help_panel=_OUTPUT)
+    ] = 0.7,
+    stream_interval: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Tokens per stream chunk unless the request sets sampling_params.stream_interval.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = 1,
+    incremental: Annotated[
+        bool,
+        typer.Option(
+            "--incremental",
+            help="Stream deltas, like --incremental-streaming-output (default: cumulative).",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = False,
+    seed: Annotated[
+        int, typer.Option(help="Completion seed when a request sets no sampling_seed.", rich_help_panel=_OUTPUT)
+    ] = 0,
+    context_length: Annotated[
+        int, typer.Option(min=1, help="Longest prompt in tokens, exclusive.", rich_help_panel=_OUTPUT)
+    ] = DEFAULT_CONTEXT_LENGTH,
+    # -- faults
+    http_500_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests answered HTTP 500.", rich_help_panel=_FAULTS)
+    ] = 0.0,
+    abort_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Share of requests aborted: 503 'The request queue is full.'.", rich_help_panel=_FAULTS
+        ),
+    ] = 0.0,
+    error_chunk_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Share of requests cut by a CUDA error chunk mid-stream.", rich_help_panel=_FAULTS
+        ),
+    ] = 0.0,
+    stall_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Share of requests that go silent mid-stream, forever.", rich_help_panel=_FAULTS
+        ),
+    ] = 0.0,
+    fault_seed: Annotated[
+        int, typer.Option(help="Seed of the per-request fault draws.", rich_help_panel=_FAULTS)
+    ] = 0,
+    die_after: Annotated[
+        Optional[float],
+        typer.Option(min=0.0, help="Exit abruptly (os._exit) this many seconds after start.", rich_help_panel=_FAULTS),
+    ] = None,
+    error_format: Annotated[
+        ErrorFormat, typer.Option(help="Which SGLang release's error chunks to send.", rich_help_panel=_FAULTS)
+    ] = ErrorFormat.V0_5_23,
+) -> None:
+    """Run a simulated SGLang server (0.5.23 /generate wire format) with a capacity model and faults."""
+    from sim.server import serve  # uvicorn and starlette load only when serving
+
+    serve(
+        SimSettings(
+            port=port,
+            host=host,
+            tokenizer_dir=tokenizer,
+            capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate, max_running=max_running),
+            lengths=LengthModel(
+                median=length_median, mean=length_mean, scale=length_scale, reasoning_share=reasoning_share
+            ),
+            stream_interval=stream_interval,
+            incremental=incremental,
+            seed=seed,
+            context_length=context_length,
+            tick=tick,
+            faults=FaultSettings(
+                http_500_rate=http_500_rate,
+                abort_rate=abort_rate,
+                error_chunk_rate=error_chunk_rate,
+                stall_rate=stall_rate,
+                die_after=die_after,
+                seed=fault_seed,
+                error_format=error_format,
+            ),
+        )
+    )

@@ -1,0 +1,141 @@
+"""Deterministic completions: the token ids a simulated reasoning model returns for a prompt and seed."""
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import random
+import sys
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from sim.vocab import THINK_END, THINK_START, SimVocab
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Lognormal completion length (reasoning plus content words), fitted by its median and mean."""
+
+    median: float = 646.0
+    mean: float = 1416.0
+    scale: float = 1.0
+    reasoning_share: float = 0.7
+
+    def draw_words(self, rng: random.Random) -> int:
+        # For a lognormal, mean / median = exp(sigma^2 / 2).
+        sigma = math.sqrt(2.0 * math.log(self.mean / self.median)) if self.mean > self.median else 0.0
+        return max(2, round(rng.lognormvariate(math.log(self.median), sigma) * self.scale))
+
+    def split(self, words: int) -> tuple[int, int]:
+        """Reasoning and content word counts, each at least one."""
+        reasoning = max(1, round(words * self.reasoning_share))
+        return reasoning, max(1, words - reasoning)
+
+
+class Opening(enum.Enum):
+    """Where the prompt leaves the model: the chat template decides who writes `<think>`."""
+
+    INSIDE_REASONING = "inside"  # prompt ends with <think> (Kimi-K2.5): output holds only </think>
+    THINKING_OFF = "off"  # prompt ends with <think></think>: output is the answer alone
+    MODEL_OPENS = "model"  # the model writes <think> itself (DeepSeek-R1 old, Qwen3)
+
+
+@dataclass(frozen=True)
+class CompletionPlan:
+    """One completion, as SGLang would report it: the matched EOS is trimmed but counted."""
+
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    completion_tokens: int
+    reasoning_tokens: int
+    reasoning_text: str
+    content_text: str
+    reasoning_start: int
+    opening: Opening
+    vocab: SimVocab = field(repr=False, compare=False)
+
+    def text(self, skip_special_tokens: bool) -> str:
+        return self.vocab.decode(self.output_ids, skip_special_tokens=skip_special_tokens)
+
+    def reasoning_tokens_after(self, generated: int) -> int:
+        """How many reasoning words are among the first `generated` tokens."""
+        return min(max(generated - self.reasoning_start, 0), self.reasoning_tokens)
+
+
+def plan_completion(
+    prompt: Sequence[int] | str,
+    *,
+    seed: int,
+    max_new_tokens: int,
+    lengths: LengthModel,
+    vocab: SimVocab,
+) -> CompletionPlan:
+    rng = random.Random(completion_seed(prompt, seed))
+    words = lengths.draw_words(rng)
+    opening = prompt_opening(prompt, vocab)
+    thinking = opening is not Opening.THINKING_OFF
+    n_reasoning, n_content = lengths.split(words) if thinking else (0, words)
+    room = max_new_tokens
+
+    out: list[int] = [vocab.think_start_id][:room] if opening is Opening.MODEL_OPENS else []
+    # Words are drawn only as far as the budget reaches; `choices` spends one random() per word,
+    # so a smaller max_new_tokens yields a prefix of the same completion.
+    reasoning_start = len(out)
+    out += _draw_words(rng, vocab, min(n_reasoning, room - len(out)))
+    reasoning_end = len(out)
+    if thinking and len(out) < room:
+        out.append(vocab.think_end_id)
+    content_start = len(out)
+    out += _draw_words(rng, vocab, min(n_content, room - len(out)))
+    content_end = len(out)
+
+    if len(out) < room:
+        finish: dict[str, Any] = {"type": "stop", "matched": vocab.eos_id}
+        completion_tokens = len(out) + 1  # the EOS was generated, then trimmed
+    else:
+        finish = {"type": "length", "length": max_new_tokens}
+        completion_tokens = room
+    return CompletionPlan(
+        output_ids=out,
+        finish_reason=finish,
+        completion_tokens=completion_tokens,
+        reasoning_tokens=reasoning_end - reasoning_start,
+        reasoning_text=vocab.decode(out[reasoning_start:reasoning_end], skip_special_tokens=False),
+        content_text=vocab.decode(out[content_start:content_end], skip_special_tokens=False),
+        reasoning_start=reasoning_start,
+        opening=opening,
+        vocab=vocab,
+    )
+
+
+def completion_seed(prompt: Sequence[int] | str, seed: int) -> int:
+    """A process-independent RNG seed (never Python's salted `hash()`)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(_prompt_bytes(prompt))
+    digest.update((seed & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+def prompt_opening(prompt: Sequence[int] | str, vocab: SimVocab) -> Opening:
+    if isinstance(prompt, str):
+        if prompt.endswith(THINK_START + THINK_END):
+            return Opening.THINKING_OFF
+        return Opening.INSIDE_REASONING if prompt.endswith(THINK_START) else Opening.MODEL_OPENS
+    tail = list(prompt[-2:])
+    if tail == [vocab.think_start_id, vocab.think_end_id]:
+        return Opening.THINKING_OFF
+    return Opening.INSIDE_REASONING if tail[-1:] == [vocab.think_start_id] else Opening.MODEL_OPENS
+
+
+def _prompt_bytes(prompt: Sequence[int] | str) -> bytes:
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8")
+    ids = array("I", prompt)  # uint32; raises OverflowError on ids outside its range
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids.tobytes()
+
+
+def _draw_words(rng: random.Random, vocab: SimVocab, count: int) -> list[int]:
+    return rng.choices(vocab.word_ids, k=count) if count > 0 else []

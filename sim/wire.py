@@ -1,0 +1,161 @@
+"""SGLang 0.5.23 `/generate` bytes: response objects, SSE framing and error bodies.
+
+Streams are built from byte slices, not `json.dumps` per chunk: a completion's escaped text and
+its id list are joined once, and every chunk (cumulative or delta) is a slice of them. SGLang's
+default cumulative stream is quadratic in bytes, and the simulator must not be the bottleneck.
+"""
+from __future__ import annotations
+
+import json
+import time
+from itertools import accumulate
+from typing import Any
+
+from sim.completion import CompletionPlan
+from sim.faults import ErrorFormat
+from sim.vocab import SimVocab
+
+DONE = b"data: [DONE]\n\n"
+SSE_MEDIA_TYPE = "text/event-stream"
+
+CUDA_ERROR = "CUDA error: an illegal memory access was encountered"
+QUEUE_FULL = "The request queue is full."
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON, UTF-8 unescaped, like SGLang's orjson."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+class ChunkEncoder:
+    """Per-vocabulary tables of each id's JSON-escaped text and decimal form."""
+
+    def __init__(self, vocab: SimVocab) -> None:
+        escaped = [dumps(piece)[1:-1] for piece in vocab.pieces]
+        self._text_kept = tuple(escaped)
+        self._text_skipped = tuple(
+            b"" if token_id in vocab.special_ids else piece for token_id, piece in enumerate(escaped)
+        )
+        self._ids = tuple(str(token_id).encode() for token_id in range(len(vocab.pieces)))
+
+    def frames(
+        self,
+        plan: CompletionPlan,
+        *,
+        rid: str,
+        prompt_tokens: int,
+        skip_special_tokens: bool,
+        incremental: bool,
+    ) -> CompletionFrames:
+        table = self._text_skipped if skip_special_tokens else self._text_kept
+        return CompletionFrames(
+            plan,
+            text_pieces=[table[token_id] for token_id in plan.output_ids],
+            id_pieces=[self._ids[token_id] for token_id in plan.output_ids],
+            rid=rid,
+            prompt_tokens=prompt_tokens,
+            incremental=incremental,
+        )
+
+
+class CompletionFrames:
+    """The response objects of one request, at any number of generated tokens."""
+
+    def __init__(
+        self,
+        plan: CompletionPlan,
+        *,
+        text_pieces: list[bytes],
+        id_pieces: list[bytes],
+        rid: str,
+        prompt_tokens: int,
+        incremental: bool,
+    ) -> None:
+        self.plan = plan
+        self._text = b"".join(text_pieces)
+        self._text_ends = [0, *accumulate(map(len, text_pieces))]
+        self._ids = b",".join(id_pieces)
+        # End of the k-th id in `_ids`: the lengths so far plus the k - 1 commas between them.
+        self._id_ends = [0, *(end + k for k, end in enumerate(accumulate(map(len, id_pieces))))]
+        self._incremental = incremental
+        self._shown = 0  # output ids already sent, for delta chunks
+        self._started = time.monotonic()
+        self._meta_head = b'{"id":' + dumps(rid) + b',"finish_reason":'
+        self._meta_body = b',"prompt_tokens":%d,"weight_version":"default","num_retractions":0' % prompt_tokens
+
+    def chunk(self, generated: int, *, first: bool = False, finish: dict[str, Any] | None = None) -> bytes:
+        """One SSE event after `generated` tokens; `finish` marks the last one."""
+        return b"data: " + self._response(generated, first=first, finish=finish) + b"\n\n"
+
+    def body(self, finish: dict[str, Any] | None = None) -> bytes:
+        """The non-streaming response: everything, first and last at once."""
+        plan = self.plan
+        return self._response(plan.completion_tokens, first=True, finish=finish or plan.finish_reason)
+
+    def _response(self, generated: int, *, first: bool, finish: dict[str, Any] | None) -> bytes:
+        shown = min(generated, len(self.plan.output_ids))
+        start = self._shown if self._incremental else 0
+        self._shown = shown
+        text = self._text[self._text_ends[start] : self._text_ends[shown]]
+        id_start = self._id_ends[start] + 1 if start else 0
+        ids = self._ids[id_start : self._id_ends[shown]]
+        return b"".join(
+            (b'{"text":"', text, b'","output_ids":[', ids, b'],"meta_info":', self._meta(generated, first, finish), b"}")
+        )
+
+    def _meta(self, generated: int, first: bool, finish: dict[str, Any] | None) -> bytes:
+        parts = [
+            self._meta_head,
+            b"null" if finish is None else dumps(finish),
+            self._meta_body,
+            b',"reasoning_tokens":%d,"completion_tokens":%d,"cached_tokens":0'
+            % (self.plan.reasoning_tokens_after(generated), generated),
+        ]
+        if finish is not None:
+            parts.append(b',"e2e_latency":' + repr(time.monotonic() - self._started).encode())
+        if first:
+            parts.append(b',"response_sent_to_client_ts":' + repr(time.time()).encode())
+        parts.append(b"}")
+        return b"".join(parts)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def abort_finish(message: str = QUEUE_FULL, status_code: int = 503) -> dict[str, Any]:
+    """A scheduler abort is a normal last chunk whose finish_reason says so, not an error object."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": None}
+
+
+def error_chunk(message: str, *, err_type: str, code: int, retryable: bool, fmt: ErrorFormat) -> bytes:
+    if fmt is ErrorFormat.V0_5_2:
+        return sse(dumps({"error": {"message": message}}))
+    return sse(dumps({"error": {"message": message, "type": err_type, "code": code, "retryable": retryable}}))
+
+
+def invalid_request_chunk(message: str, fmt: ErrorFormat) -> bytes:
+    """What a ValueError raised after the stream's headers went out becomes (still HTTP 200)."""
+    return error_chunk(message, err_type="invalid_request_error", code=400, retryable=False, fmt=fmt)
+
+
+def internal_error_chunk(fmt: ErrorFormat) -> bytes:
+    return error_chunk(CUDA_ERROR, err_type="internal_error", code=500, retryable=True, fmt=fmt)
+
+
+def message_error_body(message: str) -> bytes:
+    """`_create_error_response`: non-stream ValueErrors and server errors."""
+    return dumps({"error": {"message": message}})
+
+
+def http_exception_body(message: str, status_code: int) -> bytes:
+    """The custom HTTPException handler, used for non-stream scheduler aborts."""
+    return dumps({"object": "error", "message": message, "type": str(status_code), "param": None, "code": status_code})
+
+
+def schema_error_body(message: str) -> bytes:
+    """0.5.23's schema gate answers a plain string, serde-worded."""
+    return dumps({"error": message})

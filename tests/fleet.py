@@ -1,0 +1,133 @@
+"""Drives real genfleet processes for end-to-end tests: enqueue, workers, progress, shards."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from common.status import RunProgress, read_progress
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER = REPO / "sim" / "model"
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen
+    log: Path
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "ready." in self.log.read_text(errors="replace"):
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.tail()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker not ready after {timeout} s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Fleet:
+    def __init__(self, redis_url: str, workdir: Path, **settings: object) -> None:
+        self.redis_url = redis_url
+        self.workdir = workdir
+        self.output_dir = workdir / "output"
+        self.env = {
+            **os.environ,
+            "GENFLEET_REDIS_URL": redis_url,
+            "GENFLEET_OUTPUT_DIR": str(self.output_dir),
+            "GENFLEET_COMMIT_INTERVAL_S": "0.02",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.configure(**settings)
+        self.workers: list[WorkerProcess] = []
+        self.redis = redis.Redis.from_url(redis_url)
+
+    def configure(self, **settings: object) -> None:
+        """Settings for processes started from now on, as GENFLEET_* env vars."""
+        for name, value in settings.items():
+            self.env[f"GENFLEET_{name.upper()}"] = str(value)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for worker in self.workers:
+            worker.stop(timeout=15)
+
+    def genfleet(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, "-m", "genfleet", *args], env=self.env, cwd=self.workdir,
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"genfleet {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def enqueue(self, run: str, *datasets: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        return self.genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *extra, *datasets)
+
+    def start_worker(self, pool: str, *upstreams: str, concurrency: int | None = None,
+                     wait: bool = True) -> WorkerProcess:
+        log = self.workdir / f"worker-{pool}-{len(self.workers)}.log"
+        args = [sys.executable, "-m", "genfleet", "worker", "--pool", pool, "--loglevel", "INFO"]
+        for url in upstreams:
+            args += ["--upstream", url]
+        if concurrency:
+            args += ["--concurrency", str(concurrency)]
+        handle = open(log, "w")
+        process = subprocess.Popen(args, env=self.env, cwd=self.workdir, stdout=handle,
+                                   stderr=subprocess.STDOUT)
+        worker = WorkerProcess(process, log)
+        self.workers.append(worker)
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    def progress(self, run: str) -> RunProgress:
+        return read_progress(self.redis, run)
+
+    def wait_finished(self, run: str, timeout: float = 180.0) -> RunProgress:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            progress = self.progress(run)
+            if progress.datasets and progress.finished:
+                return progress
+            for worker in self.workers:
+                if worker.process.poll() not in (None, -signal.SIGKILL):
+                    raise RuntimeError(f"a worker died:\n{worker.tail()}")
+            time.sleep(0.25)
+        details = "\n\n".join(w.tail(15) for w in self.workers)
+        raise TimeoutError(f"run {run} not finished after {timeout} s: {self.progress(run)}\n{details}")
+
+    def records(self, run: str) -> list[dict]:
+        """Every record line in the run's shards, open and sealed."""
+        records = []
+        for shard in sorted((self.output_dir / run).glob("*/*.jsonl*")):
+            records += [json.loads(line) for line in shard.read_text().splitlines() if line]
+        return records
+
+    def record_counts(self, run: str) -> Counter:
+        return Counter(record["id"] for record in self.records(run))

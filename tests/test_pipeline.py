@@ -1,0 +1,114 @@
+"""The whole pipeline on one box: producer → Redis queues → Celery workers → simulator → shards."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet import TOKENIZER
+from producer.templating import PromptTemplater
+from sim.completion import LengthModel, plan_completion
+from sim.vocab import SimVocab
+from sim_process import SimProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from make_sample_data import dataset_args, write_datasets  # noqa: E402
+
+MAX_NEW_TOKENS = {"short": 10240, "long": 16384}
+FAST_SIM = ("--length-scale", "0.05", "--rate", "400")
+
+
+def expected_plans(records: list[dict], scale: float, chat_template_kwargs: dict | None = None):
+    """What the simulator generated for each record's prompt, computed independently."""
+    templater = PromptTemplater(str(TOKENIZER), chat_template_kwargs)
+    vocab = SimVocab.from_tokenizer_dir(TOKENIZER)
+    prompts = templater.render([record["messages"] for record in records])
+    return [plan_completion(ids, seed=0, max_new_tokens=MAX_NEW_TOKENS[record["partition"]],
+                            lengths=LengthModel(scale=scale), vocab=vocab)
+            for record, ids in zip(records, prompts)]
+
+
+def test_every_prompt_lands_in_the_shards_once_with_exact_reasoning_and_content(fleet, tmp_path):
+    datasets = write_datasets(tmp_path / "data", scale=0.1)
+    with SimProcess(*FAST_SIM) as sim:
+        fleet.start_worker("short", sim.url)
+        fleet.start_worker("long", sim.url)
+        fleet.enqueue("mixed", *dataset_args(datasets))
+        progress = fleet.wait_finished("mixed", timeout=120)
+
+    counts = fleet.record_counts("mixed")
+    totals = progress.totals()
+    assert totals.total > 100 and totals.done == totals.total and totals.failed == 0
+    assert len(counts) == totals.total and set(counts.values()) == {1}
+    assert totals.rejected == 2  # the two bad rows of B7_sharegpt
+
+    records = fleet.records("mixed")
+    assert {r["partition"] for r in records if r["dataset"] == "B8_sweagent"} == {"long"}
+    for record, plan in zip(records, expected_plans(records, scale=0.05)):
+        # The template opened <think>: the output held only </think>, and still nothing is lost.
+        assert record["reasoning"] == plan.reasoning_text and record["reasoning"]
+        assert record["content"] == plan.content_text
+        assert record["finish_reason"] == plan.finish_reason["type"]
+        assert record["usage"]["completion_tokens"] == plan.completion_tokens
+    assert totals.completion_tokens == sum(r["usage"]["completion_tokens"] for r in records)
+    assert totals.empty_reasoning == 0
+
+
+def test_thinking_off_yields_content_only_and_is_not_mistaken_for_reasoning(fleet, tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(f'{{"prompt": "question number {i}"}}\n' for i in range(20)))
+    with SimProcess(*FAST_SIM) as sim:
+        fleet.start_worker("short", sim.url, concurrency=8)
+        fleet.enqueue("nothink", f"q={data}", extra=("--no-thinking",))
+        fleet.wait_finished("nothink", timeout=60)
+    records = fleet.records("nothink")
+    plans = expected_plans(records, 0.05, {"thinking": False, "enable_thinking": False})
+    for record, plan in zip(records, plans):
+        assert plan.reasoning_text == "" and record["reasoning"] == ""
+        assert record["content"] == plan.content_text
+
+
+def test_short_pool_holds_150_requests_in_flight_and_long_pool_32(fleet, tmp_path):
+    # Near-constant 60-token completions at 10 tok/s: each request holds its slot ~6 s.
+    slow = ("--rate", "10", "--knee", "100000", "--length-median", "60", "--length-mean", "61")
+    short_data = tmp_path / "short.jsonl"
+    short_data.write_text("".join(f'{{"prompt": "short {i}"}}\n' for i in range(330)))
+    long_data = tmp_path / "long.jsonl"
+    long_data.write_text("".join(f'{{"prompt": "long {i}"}}\n' for i in range(70)))
+    with SimProcess(*slow) as short_sim, SimProcess(*slow) as long_sim:
+        fleet.start_worker("short", short_sim.url)
+        fleet.start_worker("long", long_sim.url)
+        fleet.enqueue("cap", f"short={short_data}", f"long={long_data}:long")
+        fleet.wait_finished("cap", timeout=150)
+        assert short_sim.stats()["peak_running"] == 150
+        assert long_sim.stats()["peak_running"] == 32
+
+
+def test_prompts_of_a_sigkilled_worker_are_all_done_after_a_restart(fleet, tmp_path):
+    fleet.configure(visibility_timeout_s=6, unacked_restore_interval_s=1, unacked_restore_throttle=1)
+    data = tmp_path / "k.jsonl"
+    data.write_text("".join(f'{{"prompt": "kill test {i}"}}\n' for i in range(120)))
+    two_seconds = ("--rate", "20", "--knee", "100000", "--length-median", "40", "--length-mean", "41")
+    with SimProcess(*two_seconds) as sim:
+        victim = fleet.start_worker("short", sim.url, concurrency=30)
+        fleet.enqueue("kill", f"k={data}")
+        _wait_until(lambda: fleet.progress("kill").totals().done >= 20, timeout=60)
+        victim.kill()
+        in_flight = fleet.redis.hlen("unacked")
+        assert in_flight > 0, "the worker died with tasks in flight"
+        fleet.start_worker("short", sim.url, concurrency=30)
+        progress = fleet.wait_finished("kill", timeout=150)
+
+    assert progress.totals().done == 120 and progress.totals().failed == 0
+    assert set(fleet.record_counts("kill")) == {f"k/{i}" for i in range(120)}
+
+
+def _wait_until(condition, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(0.1)

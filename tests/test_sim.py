@@ -1,0 +1,424 @@
+"""The simulated SGLang server, over real HTTP: wire format, determinism, capacity and faults."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from sim.capacity import Capacity, CapacitySettings
+from sim.completion import LengthModel, Opening, plan_completion
+from sim.engine import chunk_counts
+from sim.vocab import SimVocab
+from sim_process import SimProcess
+
+FAST = ("--length-scale", "0.05", "--rate", "2000")
+LENGTHS = LengthModel(scale=0.05)
+CHAT_PROMPT = (
+    "<|im_user|>user<|im_middle|>What is two plus two?<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think>"
+)
+ABORT = {"type": "abort", "message": "The request queue is full.", "status_code": 503, "err_type": None}
+CUDA = "CUDA error: an illegal memory access was encountered"
+
+
+# -- fixtures and helpers ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab() -> SimVocab:
+    return SimVocab.from_tokenizer_dir()
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimProcess(*FAST) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def prompt(vocab: SimVocab) -> list[int]:
+    ids = vocab.encode(CHAT_PROMPT)
+    assert ids[-1] == vocab.think_start_id
+    return ids
+
+
+def plan(prompt: list[int] | str, vocab: SimVocab, *, seed: int = 0, max_new_tokens: int = 128, lengths=LENGTHS):
+    return plan_completion(prompt, seed=seed, max_new_tokens=max_new_tokens, lengths=lengths, vocab=vocab)
+
+
+def generate(sim: SimProcess, **payload: Any) -> httpx.Response:
+    return httpx.post(f"{sim.url}/generate", json=payload, timeout=30)
+
+
+def stream(sim: SimProcess, **payload: Any) -> list[str]:
+    """The SSE payloads of one stream, checking the framing on the way."""
+    with httpx.stream("POST", f"{sim.url}/generate", json={**payload, "stream": True}, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        body = response.read().decode()
+    assert body.endswith("\n\n")
+    events = body[:-2].split("\n\n")
+    assert all(event.startswith("data: ") for event in events), body
+    return [event[len("data: ") :] for event in events]
+
+
+def chunks(payloads: list[str]) -> list[dict[str, Any]]:
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(payload) for payload in payloads[:-1]]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+# -- completions (pure) ------------------------------------------------------------------------
+
+
+def test_a_smaller_budget_cuts_the_same_completion(prompt, vocab):
+    full = plan(prompt, vocab, max_new_tokens=10_000)
+    for budget in (0, 1, 3, full.completion_tokens - 1):
+        cut = plan(prompt, vocab, max_new_tokens=budget)
+        assert cut.output_ids == full.output_ids[:budget]
+        assert cut.finish_reason == {"type": "length", "length": budget}
+        assert cut.completion_tokens == budget
+
+
+def test_completion_lengths_follow_the_lognormal_median_and_mean(vocab):
+    lengths = LengthModel(median=100, mean=150)
+    words = [
+        plan(f"prompt {i}", vocab, max_new_tokens=100_000, lengths=lengths).completion_tokens - 3
+        for i in range(3000)
+    ]
+    assert statistics.median(words) == pytest.approx(100, rel=0.08)
+    assert statistics.mean(words) == pytest.approx(150, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("tail", "opening"),
+    [("<think>", Opening.INSIDE_REASONING), ("<think></think>", Opening.THINKING_OFF), ("", Opening.MODEL_OPENS)],
+)
+def test_the_prompt_tail_decides_who_writes_the_think_markers(vocab, tail, opening):
+    text_plan = plan("hello" + tail, vocab, max_new_tokens=10_000)
+    ids_plan = plan(vocab.encode("hello" + tail), vocab, max_new_tokens=10_000)
+    for p in (text_plan, ids_plan):
+        assert p.opening is opening
+        raw = p.text(skip_special_tokens=False)
+        if opening is Opening.THINKING_OFF:
+            assert "think>" not in raw and p.reasoning_text == "" and p.reasoning_tokens == 0
+            assert raw == p.content_text
+        else:
+            opened = "<think>" if opening is Opening.MODEL_OPENS else ""
+            assert raw == f"{opened}{p.reasoning_text}</think>{p.content_text}"
+            assert p.reasoning_tokens == len(p.reasoning_text.split()) > 0
+        assert p.text(skip_special_tokens=True) == p.reasoning_text + p.content_text
+
+
+def test_a_stop_finish_trims_the_eos_but_counts_it(prompt, vocab):
+    p = plan(prompt, vocab, max_new_tokens=10_000)
+    assert p.finish_reason == {"type": "stop", "matched": vocab.eos_id}
+    assert vocab.eos_id not in p.output_ids
+    assert p.completion_tokens == len(p.output_ids) + 1
+
+
+def test_chunks_go_out_on_the_first_token_then_every_interval():
+    assert list(chunk_counts(0, 10, 4)) == [1, 5, 9]
+    assert list(chunk_counts(5, 12, 4)) == [9]
+    assert list(chunk_counts(0, 0, 1)) == []
+
+
+def test_mean_running_is_the_time_weighted_occupancy():
+    now = [0.0]
+    capacity = Capacity(CapacitySettings(rate=100, knee=1), clock=lambda: now[0])
+
+    async def scenario() -> None:
+        await capacity.acquire()
+        now[0] = 1.0
+        assert capacity.progress() == pytest.approx(50.0)  # one running: 100 / (1 + 1)
+        await capacity.acquire()
+        now[0] = 2.0
+        assert capacity.progress() == pytest.approx(50.0 + 100 / 3)  # two running: 100 / (1 + 2)
+        capacity.release()
+        capacity.release()
+        now[0] = 4.0
+
+    asyncio.run(scenario())
+    stats = capacity.stats()
+    assert stats.mean_running == pytest.approx((1 * 1 + 2 * 1 + 0 * 2) / 4)
+    assert stats.peak_running == 2 and stats.running == 0
+
+
+# -- wire format -------------------------------------------------------------------------------
+
+
+def test_cumulative_chunks_extend_each_other_up_to_the_planned_completion(sim, prompt, vocab):
+    expected = plan(prompt, vocab)
+    events = chunks(stream(sim, input_ids=prompt, sampling_params={"skip_special_tokens": False}))
+
+    for before, after in zip(events, events[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
+        assert after["meta_info"]["completion_tokens"] == before["meta_info"]["completion_tokens"] + 1
+    assert [e["meta_info"]["finish_reason"] for e in events[:-1]] == [None] * (len(events) - 1)
+    last = events[-1]
+    assert last["text"] == expected.text(skip_special_tokens=False)
+    assert last["output_ids"] == expected.output_ids
+    assert last["meta_info"]["finish_reason"] == {"type": "stop", "matched": vocab.eos_id}
+    assert last["meta_info"]["completion_tokens"] == expected.completion_tokens
+    assert last["meta_info"]["reasoning_tokens"] == expected.reasoning_tokens
+    assert last["meta_info"]["prompt_tokens"] == len(prompt)
+    assert "e2e_latency" in last["meta_info"] and "e2e_latency" not in events[0]["meta_info"]
+    assert "response_sent_to_client_ts" in events[0]["meta_info"]
+    assert set(events[0]["meta_info"]) >= {
+        "id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens",
+        "weight_version", "num_retractions",
+    }
+
+
+def test_incremental_chunks_concatenate_to_the_planned_completion(prompt, vocab):
+    expected = plan(prompt, vocab)
+    with SimProcess(*FAST, "--incremental") as sim:
+        events = chunks(stream(sim, input_ids=prompt, sampling_params={"skip_special_tokens": False}))
+    assert len(events) == expected.completion_tokens
+    assert "".join(e["text"] for e in events) == expected.text(skip_special_tokens=False)
+    assert [i for e in events for i in e["output_ids"]] == expected.output_ids
+
+
+def test_raw_text_splits_at_think_end_into_the_planned_reasoning_and_content(sim, prompt, vocab):
+    expected = plan(prompt, vocab)
+    body = generate(sim, input_ids=prompt, sampling_params={"skip_special_tokens": False}).json()
+    reasoning, content = body["text"].split("</think>")
+    assert (reasoning, content) == (expected.reasoning_text, expected.content_text)
+    assert vocab.think_end_id in body["output_ids"]
+
+
+def test_skipping_special_tokens_makes_the_think_end_marker_vanish(sim, prompt, vocab):
+    expected = plan(prompt, vocab)
+    body = generate(sim, input_ids=prompt).json()
+    assert "</think>" not in body["text"]
+    assert body["text"] == expected.reasoning_text + expected.content_text
+    assert body["output_ids"] == expected.output_ids
+
+
+def test_text_prompts_get_the_same_completion_as_computed_locally(sim, vocab):
+    expected = plan(CHAT_PROMPT, vocab)
+    body = generate(sim, text=CHAT_PROMPT, rid="text-1").json()
+    assert body["output_ids"] == expected.output_ids
+    assert body["meta_info"]["id"] == "text-1"
+    assert body["meta_info"]["prompt_tokens"] == len(vocab.encode(CHAT_PROMPT))
+
+
+def test_length_finish_cuts_at_max_new_tokens_inside_reasoning(sim, prompt, vocab):
+    body = generate(sim, input_ids=prompt, sampling_params={"max_new_tokens": 3, "skip_special_tokens": False}).json()
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    assert len(body["output_ids"]) == body["meta_info"]["completion_tokens"] == 3
+    assert "</think>" not in body["text"]
+
+
+@pytest.mark.parametrize("interval", [1, 4, 7])
+def test_stream_interval_sets_the_number_of_chunks(sim, prompt, vocab, interval):
+    total = plan(prompt, vocab).completion_tokens
+    events = chunks(stream(sim, input_ids=prompt, sampling_params={"stream_interval": interval}))
+    assert len(events) == len(range(1, total, interval)) + 1
+    assert [e["meta_info"]["completion_tokens"] for e in events] == [*range(1, total, interval), total]
+
+
+def test_the_same_seed_gives_the_same_completion_in_another_process(sim, prompt):
+    with SimProcess(*FAST, "--seed", "7") as seven:
+        from_seed_flag = generate(seven, input_ids=prompt).json()["output_ids"]
+    from_sampling_seed = generate(sim, input_ids=prompt, sampling_params={"sampling_seed": 7}).json()["output_ids"]
+    from_default_seed = generate(sim, input_ids=prompt).json()["output_ids"]
+    assert from_seed_flag == from_sampling_seed
+    assert from_seed_flag != from_default_seed
+
+
+# -- rejections --------------------------------------------------------------------------------
+
+
+def test_an_unknown_sampling_param_is_rejected_with_400(sim, prompt):
+    for stream_flag in (False, True):
+        response = generate(sim, input_ids=prompt, stream=stream_flag, sampling_params={"foo": 1})
+        assert response.status_code == 400
+        assert response.json()["error"].startswith("unknown field `foo`, expected one of `max_new_tokens`, ")
+
+
+def test_a_request_without_a_prompt_is_rejected(sim):
+    response = generate(sim, sampling_params={"max_new_tokens": 4})
+    assert response.status_code == 400
+    assert response.json() == {"error": {"message": "Either text, input_ids or input_embeds should be provided."}}
+
+
+def test_a_prompt_as_long_as_the_context_is_rejected():
+    message = "The input (16 tokens) is longer than the model's context length (16 tokens)."
+    with SimProcess(*FAST, "--context-length", "16") as sim:
+        response = generate(sim, input_ids=list(range(100, 116)))
+        assert response.status_code == 400
+        assert response.json() == {"error": {"message": message}}
+        payloads = stream(sim, input_ids=list(range(100, 116)))
+        assert generate(sim, input_ids=list(range(100, 115))).status_code == 200
+    error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+    assert payloads == [json.dumps(error, separators=(",", ":")), "[DONE]"]
+
+
+def test_a_duplicate_rid_in_flight_is_rejected(prompt):
+    with SimProcess(*FAST, "--stall-rate", "1") as sim:
+        with httpx.stream("POST", f"{sim.url}/generate", json={"input_ids": prompt, "rid": "r1", "stream": True}):
+            wait_until(lambda: sim.stats()["running"] == 1)
+            response = generate(sim, input_ids=prompt, rid="r1")
+        assert response.status_code == 400
+        assert response.json() == {"error": {"message": "Duplicate request ID detected: r1"}}
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+def test_http_500_fault_answers_before_any_byte(prompt):
+    with SimProcess(*FAST, "--http-500-rate", "1") as sim:
+        response = generate(sim, input_ids=prompt, stream=True)
+    assert response.status_code == 500
+    assert response.json() == {"error": {"message": "Internal server error"}}
+
+
+def test_abort_fault_ends_a_stream_with_an_abort_finish_and_a_plain_request_with_503(prompt, vocab):
+    with SimProcess(*FAST, "--abort-rate", "1") as sim:
+        events = chunks(stream(sim, input_ids=prompt))
+        response = generate(sim, input_ids=prompt)
+    assert events[-1]["meta_info"]["finish_reason"] == ABORT
+    assert 1 <= events[-1]["meta_info"]["completion_tokens"] < plan(prompt, vocab).completion_tokens
+    assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
+    assert response.status_code == 503
+    assert response.json() == {
+        "object": "error", "message": "The request queue is full.", "type": "503", "param": None, "code": 503,
+    }
+
+
+@pytest.mark.parametrize(
+    ("error_format", "error"),
+    [
+        ("0.5.23", {"message": CUDA, "type": "internal_error", "code": 500, "retryable": True}),
+        ("0.5.2", {"message": CUDA}),
+    ],
+)
+def test_error_chunk_fault_sends_the_error_object_then_done(prompt, error_format, error):
+    with SimProcess(*FAST, "--error-chunk-rate", "1", "--error-format", error_format) as sim:
+        payloads = stream(sim, input_ids=prompt)
+    assert payloads[-2:] == [json.dumps({"error": error}, separators=(",", ":")), "[DONE]"]
+    assert all(json.loads(p)["meta_info"]["finish_reason"] is None for p in payloads[:-2])
+
+
+def test_a_stalled_stream_goes_silent_and_holds_its_slot_until_the_client_leaves(prompt):
+    with SimProcess(*FAST, "--stall-rate", "1") as sim:
+        with httpx.stream(
+            "POST", f"{sim.url}/generate", json={"input_ids": prompt, "stream": True},
+            timeout=httpx.Timeout(5, read=0.5),
+        ) as response:
+            reader = response.iter_bytes()
+            received = next(reader)
+            time.sleep(0.5)  # long past the whole completion at this rate
+            assert sim.stats()["running"] == 1
+            with pytest.raises(httpx.ReadTimeout):  # which also drops the connection
+                for data in reader:
+                    received += data
+        wait_until(lambda: sim.stats()["running"] == 0, timeout=2)
+        assert sim.stats()["requests_disconnected"] == 1
+    assert received.startswith(b"data: {") and b"[DONE]" not in received
+
+
+def test_die_after_exits_the_process_abruptly():
+    started = time.monotonic()
+    with SimProcess(*FAST, "--die-after", "1.5") as sim:
+        assert sim.wait(timeout=10) != 0
+        assert 1.0 < time.monotonic() - started < 8
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{sim.url}/health", timeout=1)
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+async def _open_streams(url: str, payload: dict[str, Any], count: int, stack: contextlib.AsyncExitStack):
+    client = await stack.enter_async_context(httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=None)))
+    return [await stack.enter_async_context(client.stream("POST", url, json=payload)) for _ in range(count)]
+
+
+def test_open_streams_are_counted_running_and_freed_when_their_clients_disconnect(prompt):
+    slow = ("--rate", "20", "--length-median", "100", "--length-mean", "101")
+    payload = {"input_ids": prompt, "stream": True}
+
+    async def scenario(sim: SimProcess) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            responses = await _open_streams(f"{sim.url}/generate", payload, 12, stack)
+            readers = [response.aiter_bytes() for response in responses]  # dropping one closes its stream
+            for reader in readers:
+                assert (await anext(reader)).startswith(b"data: ")
+            stats = sim.stats()
+            assert (stats["running"], stats["peak_running"], stats["requests_started"]) == (12, 12, 12)
+
+    with SimProcess(*slow) as sim:
+        asyncio.run(scenario(sim))
+        wait_until(lambda: sim.stats()["running"] == 0, timeout=2)
+        stats = sim.stats()
+        assert stats["requests_disconnected"] == 12 and stats["requests_finished"] == 0
+        assert 0 < stats["mean_running"] <= 12
+
+
+def test_max_running_makes_further_requests_wait(prompt):
+    payload = {"input_ids": prompt, "stream": True}
+
+    async def scenario(sim: SimProcess) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            await _open_streams(f"{sim.url}/generate", payload, 5, stack)
+            await asyncio.to_thread(wait_until, lambda: sim.stats()["waiting"] == 3)
+            assert sim.stats()["running"] == 2
+
+    with SimProcess("--rate", "20", "--max-running", "2") as sim:
+        asyncio.run(scenario(sim))
+        wait_until(lambda: (sim.stats()["running"], sim.stats()["waiting"]) == (0, 0), timeout=2)
+
+
+def test_decode_speed_falls_as_more_requests_run(prompt, vocab):
+    """Four at once with knee 4 each decode at rate / 2, so the same completion takes twice as long."""
+    flags = ("--rate", "200", "--knee", "4", "--length-median", "60", "--length-mean", "61")
+    tokens = plan(prompt, vocab, lengths=LengthModel(median=60, mean=61)).completion_tokens
+
+    async def timed(url: str, count: int) -> list[float]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one() -> float:
+                response = await client.post(url, json={"input_ids": prompt})
+                return response.json()["meta_info"]["e2e_latency"]
+
+            return await asyncio.gather(*(one() for _ in range(count)))
+
+    with SimProcess(*flags) as sim:
+        alone = asyncio.run(timed(f"{sim.url}/generate", 1))[0]
+        together = asyncio.run(timed(f"{sim.url}/generate", 4))
+        sim.reset_stats()
+        assert sim.stats()["requests_finished"] == 0
+    # First token with prefill, then (tokens - 1) at 200 / (1 + 1/4) = 160 tok/s, or 100 tok/s.
+    assert alone == pytest.approx((tokens - 1) / 160, abs=0.06)
+    assert max(together) == pytest.approx((tokens - 1) / 100, abs=0.08)
+    assert min(together) > (tokens - 1) / 100 - 0.02
+
+
+# -- info endpoints ----------------------------------------------------------------------------
+
+
+def test_health_and_info_endpoints_answer_like_sglang(sim):
+    for path in ("/health", "/health_generate"):
+        response = httpx.get(sim.url + path)
+        assert (response.status_code, response.content) == (200, b"")
+    assert httpx.get(sim.url + "/").text == "SGLang is running"
+    info = httpx.get(sim.url + "/model_info").json()
+    assert info["reasoning_parser"] == "kimi_k2" and info["is_generation"] is True
+    assert info["model_path"].endswith("sim/model")
+    models = httpx.get(sim.url + "/v1/models").json()
+    assert models["data"][0]["max_model_len"] == 32768
+    assert sim.stats()["uptime_s"] > 0

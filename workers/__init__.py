@@ -1,0 +1,1 @@
+"""Workers: the Celery app, the generate task, the SGLang client, upstream routing, shard writing."""

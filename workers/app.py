@@ -1,0 +1,45 @@
+"""The Celery app: every Celery setting genfleet uses, in one place (see DESIGN.md)."""
+from __future__ import annotations
+
+from celery import Celery
+
+from common.queues import QUEUES, SERIALIZATION, SHORT
+from common.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("genfleet", broker=settings.redis_url, include=["workers.tasks"])
+    transport = {
+        # kombu re-queues an unacked task after this even if it still runs: far above any task.
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": settings.unacked_restore_interval_s,
+        "unacked_restore_throttle": settings.unacked_restore_throttle,
+        "socket_keepalive": True,
+        "retry_on_timeout": True,
+    }
+    app.conf.update(
+        **SERIALIZATION,
+        task_queues=QUEUES,
+        task_default_queue=SHORT,
+        task_default_exchange=SHORT,
+        task_default_routing_key=SHORT,
+        task_create_missing_queues=False,
+        # A task is acknowledged only after it returns, i.e. after its record is fsynced.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        visibility_timeout=settings.visibility_timeout_s,
+        # Results are the shards; the task's small return value only feeds Flower's task list.
+        task_ignore_result=True,
+        result_backend=None,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = create_app()

@@ -1,0 +1,72 @@
+"""`genfleet worker` and `genfleet flower`: thin wrappers over `celery worker` and `celery flower`
+with genfleet's settings, so every pool and Flower share one configuration."""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from common.queues import LONG, PARTITIONS, SHORT
+
+# In flight per SGLang host (DESIGN.md): long prompts hold far more KV cache each.
+IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
+
+
+def worker_command(
+    pool: Annotated[str, typer.Option(help="Queue to consume: short or long")],
+    upstream: Annotated[list[str], typer.Option(help="SGLang base URL; repeat for several hosts")],
+    concurrency: Annotated[Optional[int], typer.Option(
+        help="Requests in flight (default: 150 per host for short, 32 for long)")] = None,
+    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+) -> None:
+    """Run a Celery worker (threads pool) that streams completions for one queue."""
+    if pool not in PARTITIONS:
+        raise typer.BadParameter(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
+    _apply_overrides(redis_url, upstreams=upstream)
+    slots = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
+
+    from workers import runtime
+    runtime.configure(pool, slots)
+    from workers.app import app
+
+    app.worker_main(argv=[
+        "worker", "--pool=threads", f"--concurrency={slots}", f"--queues={pool}",
+        f"--hostname={pool}-{os.getpid()}@%h", "--task-events", "--without-gossip", "--without-mingle",
+        f"--loglevel={loglevel}",
+    ])
+
+
+def flower_command(
+    port: Annotated[int, typer.Option(help="Port of the Flower web UI")] = 5555,
+    address: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 without auth)")] = "127.0.0.1",
+    max_tasks: Annotated[int, typer.Option(help="Tasks kept in memory for the task list")] = 20000,
+    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+) -> None:
+    """Run Flower on the workers' own Celery app (same queues and visibility timeout)."""
+    _apply_overrides(redis_url)
+    from common.settings import get_settings
+    from workers.app import app
+
+    argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
+            "--purge_offline_workers=600"]
+    auth = get_settings().flower_auth
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    else:
+        # Flower refuses its API without auth; on loopback the API is fine for local use.
+        if address not in ("127.0.0.1", "localhost", "::1"):
+            raise typer.BadParameter("set GENFLEET_FLOWER_AUTH=user:password to bind Flower beyond loopback")
+        os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
+    app.start(argv=argv)
+
+
+def _apply_overrides(redis_url: str | None, upstreams: list[str] | None = None) -> None:
+    """CLI flags override env vars; set them before the app and settings are first built."""
+    if redis_url:
+        os.environ["GENFLEET_REDIS_URL"] = redis_url
+    if upstreams:
+        os.environ["GENFLEET_UPSTREAMS"] = ",".join(upstreams)
+    from common.settings import get_settings
+    get_settings.cache_clear()

@@ -1,0 +1,48 @@
+"""Typed failures of a generation. Each says whether retrying can help; the task reads only that."""
+from __future__ import annotations
+
+TRANSIENT = "transient"
+PERMANENT = "permanent"
+EXHAUSTED = "exhausted"
+
+
+class GenerationError(Exception):
+    error_class = TRANSIENT
+
+    def __init__(self, message: str, *, upstream: str | None = None) -> None:
+        super().__init__(message)
+        self.upstream = upstream
+
+    @property
+    def retryable(self) -> bool:
+        return self.error_class == TRANSIENT
+
+
+class TransientError(GenerationError):
+    """Connect error, timeout, 5xx, abort 503, a stream cut short: another try can succeed."""
+
+
+class StreamStalled(TransientError):
+    """No byte from the server within the stall timeout."""
+
+
+class StreamCut(TransientError):
+    """The stream ended before its final chunk."""
+
+
+class UpstreamAborted(TransientError):
+    """The server aborted the request (queue full, timeouts): finish_reason type 'abort'."""
+
+
+class DeadlineExceeded(TransientError):
+    """The task ran past its own deadline (the threads pool enforces no Celery time limit)."""
+
+
+class PermanentError(GenerationError):
+    """400, context too long, invalid request: the same request will fail again."""
+
+    error_class = PERMANENT
+
+
+class ShutdownRequested(Exception):
+    """The worker is stopping: the task gives its message back to the queue."""

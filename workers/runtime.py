@@ -1,0 +1,82 @@
+"""What a worker process shares across its task threads: settings, the HTTP client, the upstream
+pool, the shard writers and the run state. Built once, closed on worker shutdown."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from common.run_state import RunState, connect
+from common.settings import Settings, get_settings
+from workers.sglang_client import SglangClient
+from workers.shard_writer import ShardSet
+from workers.upstreams import UpstreamPool
+
+# Set when the worker begins to shut down: running streams give their task back to the queue.
+SHUTDOWN = threading.Event()
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    name: str
+    client: SglangClient
+    upstreams: UpstreamPool
+    shards: ShardSet
+    redis_url: str
+
+    def __post_init__(self) -> None:
+        self._redis = connect(self.redis_url)
+        self._states: dict[str, RunState] = {}
+
+    def run_state(self, run: str) -> RunState:
+        state = self._states.get(run)
+        if state is None:
+            state = self._states.setdefault(run, RunState(self._redis, run))
+        return state
+
+    def close(self) -> None:
+        self.shards.close()
+        self.client.close()
+
+
+_runtime: WorkerRuntime | None = None
+_lock = threading.Lock()
+_pool_name = os.environ.get("GENFLEET_POOL", "worker")
+_concurrency = 0
+
+
+def configure(pool: str, concurrency: int) -> None:
+    """Called by `genfleet worker` before Celery starts; names the shards after the pool."""
+    global _pool_name, _concurrency
+    _pool_name, _concurrency = pool, concurrency
+
+
+def get_runtime() -> WorkerRuntime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            settings = get_settings()
+            upstreams = UpstreamPool(settings.upstreams)
+            name = f"{_pool_name}-{socket.gethostname()}-{os.getpid()}"
+            _runtime = WorkerRuntime(
+                settings=settings,
+                name=name,
+                client=SglangClient(max_connections=max(_concurrency, 150) + 16,
+                                    connect_timeout_s=settings.connect_timeout_s,
+                                    stall_timeout_s=settings.stall_timeout_s),
+                upstreams=upstreams,
+                shards=ShardSet(settings.output_dir, name, max_bytes=settings.shard_max_bytes,
+                                commit_interval_s=settings.commit_interval_s),
+                redis_url=settings.redis_url,
+            )
+        return _runtime
+
+
+def close_runtime() -> None:
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            _runtime.close()
+            _runtime = None

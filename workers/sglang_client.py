@@ -1,0 +1,124 @@
+"""Streams one generation from an SGLang `/generate` endpoint over a shared httpx client."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+
+from workers.errors import (
+    DeadlineExceeded, PermanentError, ShutdownRequested, StreamCut, StreamStalled, TransientError,
+)
+from workers.sglang_stream import StreamAssembler
+
+# 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
+RETRYABLE_4XX = {408, 429}
+
+
+@dataclass
+class Generation:
+    text: str
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    first_token_s: float | None
+    duration_s: float
+    e2e_latency: float | None
+
+
+class SglangClient:
+    def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
+        # httpx defaults (100 connections, 5 s timeouts) would starve 150 streams and kill a quiet
+        # reasoning phase: size the pool above the in-flight cap, read timeout = stall timeout.
+        self.http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0),
+        )
+        self.stall_timeout_s = stall_timeout_s
+        self._model_names: dict[str, str] = {}
+
+    def model_name(self, upstream: str) -> str:
+        """The served model's name from `/model_info`, asked once per upstream."""
+        name = self._model_names.get(upstream)
+        if name is None:
+            try:
+                info = self.http.get(f"{upstream}/model_info", timeout=5.0).json()
+            except (httpx.HTTPError, ValueError):
+                return "unknown"  # not cached: asked again with the next record
+            name = str(info.get("served_model_name") or info.get("model_path") or "unknown")
+            self._model_names[upstream] = name
+        return name
+
+    def close(self) -> None:
+        self.http.close()
+
+    def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
+                 should_stop: Callable[[], bool] = lambda: False) -> Generation:
+        started = time.monotonic()
+        try:
+            with self.http.stream("POST", f"{upstream}/generate", json=body) as response:
+                if response.status_code != 200:
+                    raise _http_error(response)
+                return self._read_stream(response, started, deadline, should_stop)
+        except httpx.ReadTimeout:
+            raise StreamStalled(f"no data from {upstream} for {self.stall_timeout_s:.0f} s") from None
+        except httpx.TimeoutException as error:
+            raise TransientError(f"timeout talking to {upstream}: {type(error).__name__}") from None
+        except httpx.TransportError as error:
+            raise TransientError(f"transport error from {upstream}: {type(error).__name__}: {error}") from None
+
+    def _read_stream(self, response: httpx.Response, started: float, deadline: float,
+                     should_stop: Callable[[], bool]) -> Generation:
+        assembler = StreamAssembler()
+        first_token_s = None
+        for line in response.iter_lines():
+            if should_stop():
+                raise ShutdownRequested()
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded("generation ran past the task deadline")
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            assembler.feed(json.loads(data))
+            if first_token_s is None and assembler.output_ids:
+                first_token_s = time.monotonic() - started
+        if not assembler.finished:
+            raise StreamCut(f"stream ended after {assembler.chunks} chunks without a finish reason")
+        meta = assembler.meta
+        return Generation(
+            text=assembler.text, output_ids=assembler.output_ids,
+            finish_reason=assembler.finish_reason or {},
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            completion_tokens=int(meta.get("completion_tokens") or 0),
+            reasoning_tokens=int(meta.get("reasoning_tokens") or 0),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            first_token_s=first_token_s, duration_s=time.monotonic() - started,
+            e2e_latency=meta.get("e2e_latency"),
+        )
+
+
+def _http_error(response: httpx.Response) -> TransientError | PermanentError:
+    response.read()
+    detail = _error_message(response)
+    message = f"HTTP {response.status_code} from {response.request.url}: {detail}"
+    if response.status_code >= 500 or response.status_code in RETRYABLE_4XX:
+        return TransientError(message)
+    return PermanentError(message)
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message", error))
+    return str(error)

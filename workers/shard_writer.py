@@ -1,0 +1,157 @@
+"""Durable, sharded JSONL output. `write` returns only once the line is fsynced, so a task that
+returns (and is then acknowledged) always has its record on disk.
+
+Many threads write at once; one flusher thread per shard commits them as a group, so 150 streams
+cost one fsync per commit interval, not one each. Layout: `{out}/{run}/{dataset}/{worker}-{seq:05d}.jsonl`,
+with `.open` appended while the shard is being written.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+OPEN_SUFFIX = ".open"
+
+
+class ShardWriterClosed(RuntimeError):
+    pass
+
+
+class ShardWriter:
+    def __init__(self, directory: Path, worker: str, *, max_bytes: int, commit_interval_s: float) -> None:
+        self.directory = directory
+        self.worker = worker
+        self.max_bytes = max_bytes
+        self.commit_interval_s = commit_interval_s
+        directory.mkdir(parents=True, exist_ok=True)
+        self._seq = _next_seq(directory, worker)
+        self._file = None
+        self._size = 0
+        self._pending: list[bytes] = []
+        self._submitted = 0  # lines handed to write()
+        self._durable = 0  # lines fsynced
+        self._failure: BaseException | None = None
+        self._closing = False
+        self._cond = threading.Condition()
+        self._flusher = threading.Thread(target=self._flush_loop, name=f"shard-{worker}", daemon=True)
+        self._flusher.start()
+
+    @property
+    def open_path(self) -> Path:
+        return self.directory / f"{self.worker}-{self._seq:05d}.jsonl{OPEN_SUFFIX}"
+
+    def write(self, line: bytes) -> None:
+        """Append one JSON line and block until it is on disk (fsynced)."""
+        with self._cond:
+            if self._closing:
+                raise ShardWriterClosed(f"shard writer for {self.directory} is closed")
+            self._pending.append(line)
+            self._submitted += 1
+            ticket = self._submitted
+            self._cond.notify_all()
+            while self._durable < ticket and self._failure is None:
+                self._cond.wait()
+            if self._durable < ticket:
+                raise OSError(f"writing shard in {self.directory} failed") from self._failure
+
+    def close(self) -> None:
+        """Flush what is pending, close the shard and drop its `.open` suffix."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._flusher.join()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending and self._closing:
+                    break
+            # Let concurrent writers join this commit.
+            time.sleep(self.commit_interval_s)
+            with self._cond:
+                batch, self._pending = self._pending, []
+            try:
+                self._commit(batch)
+            except BaseException as error:  # noqa: BLE001 - reported to every waiting writer
+                with self._cond:
+                    self._failure = error
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._durable += len(batch)
+                self._cond.notify_all()
+        self._seal()
+
+    def _commit(self, batch: list[bytes]) -> None:
+        new_file = self._file is None
+        if new_file:
+            self._file = open(self.open_path, "ab")
+            self._size = self._file.tell()
+        data = b"".join(batch)
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if new_file:
+            _fsync_dir(self.directory)  # the new file's name must survive a crash too
+        self._size += len(data)
+        if self._size >= self.max_bytes:
+            self._seal()
+            self._seq += 1
+
+    def _seal(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        sealed = self.open_path.with_suffix("")  # drops ".open"
+        os.rename(self.open_path, sealed)
+        _fsync_dir(self.directory)
+
+
+class ShardSet:
+    """One ShardWriter per (run, dataset) for this worker process."""
+
+    def __init__(self, root: Path, worker: str, *, max_bytes: int, commit_interval_s: float) -> None:
+        self.root = root
+        self.worker = worker
+        self.max_bytes = max_bytes
+        self.commit_interval_s = commit_interval_s
+        self._writers: dict[tuple[str, str], ShardWriter] = {}
+        self._lock = threading.Lock()
+
+    def write(self, run: str, dataset: str, line: bytes) -> None:
+        self._writer(run, dataset).write(line)
+
+    def close(self) -> None:
+        with self._lock:
+            writers, self._writers = list(self._writers.values()), {}
+        for writer in writers:
+            writer.close()
+
+    def _writer(self, run: str, dataset: str) -> ShardWriter:
+        with self._lock:
+            writer = self._writers.get((run, dataset))
+            if writer is None:
+                writer = ShardWriter(self.root / run / dataset, self.worker,
+                                     max_bytes=self.max_bytes, commit_interval_s=self.commit_interval_s)
+                self._writers[(run, dataset)] = writer
+            return writer
+
+
+def _next_seq(directory: Path, worker: str) -> int:
+    pattern = re.compile(rf"^{re.escape(worker)}-(\d+)\.jsonl(?:{re.escape(OPEN_SUFFIX)})?$")
+    seqs = [int(m.group(1)) for p in directory.iterdir() if (m := pattern.match(p.name))]
+    return max(seqs, default=-1) + 1
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
