@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     unacked_restore_throttle: int = 10
 
     shard_max_bytes: int = 256 * 1024 * 1024
+    # An open shard is sealed (renamed without `.open`) after this long, even if idle.
+    shard_max_age_s: float = 900.0
     # Group commit: records written within this window share one fsync.
     commit_interval_s: float = 0.05
 

@@ -64,7 +64,7 @@ def read_progress(client: redis.Redis, run: str) -> RunProgress:
         pipe.llen(queue)
     pipe.hlen("unacked")
     *depths, unacked = pipe.execute()
-    return RunProgress(run, datasets, dict(zip(PARTITIONS, depths)), unacked)
+    return RunProgress(run, datasets, dict(zip(PARTITIONS, depths, strict=True)), unacked)
 
 
 def render(progress: RunProgress, elapsed_s: float | None = None) -> Table:

@@ -100,7 +100,7 @@ DATASETS = [
 ]
 
 # Two rows the producer must reject, to show how it reports them (file and line, reason).
-BAD_LINES = {"B7_sharegpt": ['{"conversations": [{"from": "human", "value": "unterminated', 
+BAD_LINES = {"B7_sharegpt": ['{"conversations": [{"from": "human", "value": "unterminated',
                              '{"conversations": [{"from": "gpt", "value": "an answer with no question"}]}']}
 
 

@@ -111,7 +111,7 @@ def _payloads(spec: DatasetSpec, fresh: list[_Candidate], templater: PromptTempl
     token_ids = templater.render([c.messages for c in fresh])
     now = time.time()
     payloads = []
-    for candidate, ids in zip(fresh, token_ids):
+    for candidate, ids in zip(fresh, token_ids, strict=True):
         partition = choose_partition(len(ids), pinned=spec.pinned,
                                      max_new_tokens_short=options.max_new_tokens["short"],
                                      long_threshold=options.long_threshold)

@@ -26,7 +26,7 @@ def expected_plans(records: list[dict], scale: float, chat_template_kwargs: dict
     prompts = templater.render([record["messages"] for record in records])
     return [plan_completion(ids, seed=0, max_new_tokens=MAX_NEW_TOKENS[record["partition"]],
                             lengths=LengthModel(scale=scale), vocab=vocab)
-            for record, ids in zip(records, prompts)]
+            for record, ids in zip(records, prompts, strict=True)]
 
 
 def test_every_prompt_lands_in_the_shards_once_with_exact_reasoning_and_content(fleet, tmp_path):
@@ -45,7 +45,7 @@ def test_every_prompt_lands_in_the_shards_once_with_exact_reasoning_and_content(
 
     records = fleet.records("mixed")
     assert {r["partition"] for r in records if r["dataset"] == "B8_sweagent"} == {"long"}
-    for record, plan in zip(records, expected_plans(records, scale=0.05)):
+    for record, plan in zip(records, expected_plans(records, scale=0.05), strict=True):
         # The template opened <think>: the output held only </think>, and still nothing is lost.
         assert record["reasoning"] == plan.reasoning_text and record["reasoning"]
         assert record["content"] == plan.content_text
@@ -64,7 +64,7 @@ def test_thinking_off_yields_content_only_and_is_not_mistaken_for_reasoning(flee
         fleet.wait_finished("nothink", timeout=60)
     records = fleet.records("nothink")
     plans = expected_plans(records, 0.05, {"thinking": False, "enable_thinking": False})
-    for record, plan in zip(records, plans):
+    for record, plan in zip(records, plans, strict=True):
         assert plan.reasoning_text == "" and record["reasoning"] == ""
         assert record["content"] == plan.content_text
 

@@ -25,7 +25,7 @@ def test_many_threads_share_group_commits_and_lose_nothing(tmp_path):
 
 def test_shards_rotate_by_size_and_seal_on_close(tmp_path):
     writer = ShardWriter(tmp_path, "w1", max_bytes=50, commit_interval_s=0.001)
-    for i in range(10):
+    for _ in range(10):
         writer.write(b"x" * 30 + b"\n")
     writer.close()
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -48,3 +48,17 @@ def test_shard_set_lays_out_run_and_dataset_directories(tmp_path):
     shards.write("r1", "B1_glaive", b"{}\n")
     shards.close()
     assert (tmp_path / "r1" / "B1_glaive" / "short-host-1-00000.jsonl").exists()
+
+
+def test_an_idle_shard_is_sealed_once_it_is_old_enough(tmp_path):
+    import time
+
+    writer = ShardWriter(tmp_path, "w1", max_bytes=1 << 20, commit_interval_s=0.001, max_age_s=0.3)
+    writer.write(b"a\n")
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "w1-00000.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "w1-00000.jsonl").read_bytes() == b"a\n"
+    writer.write(b"b\n")  # goes to the next shard
+    writer.close()
+    assert (tmp_path / "w1-00001.jsonl").read_bytes() == b"b\n"

@@ -68,7 +68,8 @@ def get_runtime() -> WorkerRuntime:
                                     stall_timeout_s=settings.stall_timeout_s),
                 upstreams=upstreams,
                 shards=ShardSet(settings.output_dir, name, max_bytes=settings.shard_max_bytes,
-                                commit_interval_s=settings.commit_interval_s),
+                                commit_interval_s=settings.commit_interval_s,
+                                max_age_s=settings.shard_max_age_s),
                 redis_url=settings.redis_url,
             )
         return _runtime

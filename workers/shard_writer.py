@@ -21,14 +21,18 @@ class ShardWriterClosed(RuntimeError):
 
 
 class ShardWriter:
-    def __init__(self, directory: Path, worker: str, *, max_bytes: int, commit_interval_s: float) -> None:
+    def __init__(self, directory: Path, worker: str, *, max_bytes: int, commit_interval_s: float,
+                 max_age_s: float = 900.0) -> None:
         self.directory = directory
         self.worker = worker
         self.max_bytes = max_bytes
         self.commit_interval_s = commit_interval_s
+        # Sealed shards can be exported or copied while the run goes on; an idle one is sealed too.
+        self.max_age_s = max_age_s
         directory.mkdir(parents=True, exist_ok=True)
         self._seq = _next_seq(directory, worker)
         self._file = None
+        self._opened_at = 0.0
         self._size = 0
         self._pending: list[bytes] = []
         self._submitted = 0  # lines handed to write()
@@ -68,7 +72,9 @@ class ShardWriter:
         while True:
             with self._cond:
                 while not self._pending and not self._closing:
-                    self._cond.wait()
+                    self._cond.wait(timeout=min(self.max_age_s, 5.0))
+                    if not self._pending and self._too_old():
+                        self._rotate()
                 if not self._pending and self._closing:
                     break
             # Let concurrent writers join this commit.
@@ -91,6 +97,7 @@ class ShardWriter:
         new_file = self._file is None
         if new_file:
             self._file = open(self.open_path, "ab")
+            self._opened_at = time.monotonic()
             self._size = self._file.tell()
         data = b"".join(batch)
         self._file.write(data)
@@ -99,9 +106,15 @@ class ShardWriter:
         if new_file:
             _fsync_dir(self.directory)  # the new file's name must survive a crash too
         self._size += len(data)
-        if self._size >= self.max_bytes:
-            self._seal()
-            self._seq += 1
+        if self._size >= self.max_bytes or self._too_old():
+            self._rotate()
+
+    def _too_old(self) -> bool:
+        return self._file is not None and time.monotonic() - self._opened_at >= self.max_age_s
+
+    def _rotate(self) -> None:
+        self._seal()
+        self._seq += 1
 
     def _seal(self) -> None:
         if self._file is None:
@@ -116,11 +129,13 @@ class ShardWriter:
 class ShardSet:
     """One ShardWriter per (run, dataset) for this worker process."""
 
-    def __init__(self, root: Path, worker: str, *, max_bytes: int, commit_interval_s: float) -> None:
+    def __init__(self, root: Path, worker: str, *, max_bytes: int, commit_interval_s: float,
+                 max_age_s: float = 900.0) -> None:
         self.root = root
         self.worker = worker
         self.max_bytes = max_bytes
         self.commit_interval_s = commit_interval_s
+        self.max_age_s = max_age_s
         self._writers: dict[tuple[str, str], ShardWriter] = {}
         self._lock = threading.Lock()
 
@@ -137,8 +152,8 @@ class ShardSet:
         with self._lock:
             writer = self._writers.get((run, dataset))
             if writer is None:
-                writer = ShardWriter(self.root / run / dataset, self.worker,
-                                     max_bytes=self.max_bytes, commit_interval_s=self.commit_interval_s)
+                writer = ShardWriter(self.root / run / dataset, self.worker, max_bytes=self.max_bytes,
+                                     commit_interval_s=self.commit_interval_s, max_age_s=self.max_age_s)
                 self._writers[(run, dataset)] = writer
             return writer
 
