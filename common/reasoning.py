@@ -1,11 +1,16 @@
 """Reasoning parsers named as SGLang names them, as data: start/end markers and whether the output
 starts inside reasoning (the chat template opened `<think>` in the prompt).
 
+One streaming implementation serves both uses: `ReasoningStream` takes text deltas in any
+chunking (a marker split across chunks is still found) and `split_reasoning` is the same parser
+fed the whole text at once, so live and final splits can never disagree.
+
 Unlike SGLang's non-streaming parser we never strip whitespace: `reasoning + end marker + content`
 reproduces the model's text exactly, which token-exact training data needs.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,6 +26,8 @@ class ReasoningFormat:
     toggle: str | None = None
     # Markers that also close reasoning (a tool call), kept in the content.
     also_ends: tuple[str, ...] = ()
+    # Harmony (gpt-oss): channels instead of think markers.
+    harmony: bool = False
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
@@ -35,6 +42,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
         ReasoningFormat("glm45", "<think>", "</think>", forced=True, toggle="enable_thinking",
                         also_ends=("<tool_call>",)),
         ReasoningFormat("kimi", "◁think▷", "◁/think▷", forced=False),
+        ReasoningFormat("gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", forced=True, harmony=True),
     )
 }
 NO_REASONING = "none"
@@ -63,7 +71,9 @@ def get_format(name: str) -> ReasoningFormat | None:
         raise UnknownParserError(name) from None
 
 
-def starts_in_reasoning(fmt: ReasoningFormat, chat_template_kwargs: Mapping[str, Any] | None) -> bool:
+def starts_in_reasoning(fmt: ReasoningFormat | None, chat_template_kwargs: Mapping[str, Any] | None) -> bool:
+    if fmt is None:
+        return False
     if fmt.toggle and chat_template_kwargs and chat_template_kwargs.get(fmt.toggle) is False:
         return False
     return fmt.forced
@@ -72,26 +82,144 @@ def starts_in_reasoning(fmt: ReasoningFormat, chat_template_kwargs: Mapping[str,
 def split_reasoning(text: str, parser: str,
                     chat_template_kwargs: Mapping[str, Any] | None = None) -> ReasoningSplit:
     """Split a complete generation into reasoning and content."""
-    fmt = get_format(parser)
-    if fmt is None:
-        return ReasoningSplit("", text, closed=False)
-    start_at = text.find(fmt.start)
-    if start_at != -1 and not text[:start_at].strip():
-        # The model opened reasoning itself (or the template did not): drop the marker.
-        text = text[start_at + len(fmt.start):]
-    elif not starts_in_reasoning(fmt, chat_template_kwargs):
-        return ReasoningSplit("", text, closed=False)
-    end_at, marker_len = _first_marker(text, fmt)
-    if end_at == -1:
-        return ReasoningSplit(text, "", closed=False)
-    return ReasoningSplit(text[:end_at], text[end_at + marker_len:], closed=True)
+    stream = ReasoningStream(parser, chat_template_kwargs)
+    stream.feed(text)
+    stream.finish()
+    return stream.result()
 
 
-def _first_marker(text: str, fmt: ReasoningFormat) -> tuple[int, int]:
-    """Position and length to cut at: the end marker is dropped, a tool-call marker is kept."""
-    best = (text.find(fmt.end), len(fmt.end))
-    for marker in fmt.also_ends:
-        at = text.find(marker)
-        if at != -1 and (best[0] == -1 or at < best[0]):
-            best = (at, 0)
-    return best
+class ReasoningStream:
+    """Feeds text deltas in, accumulates reasoning and content; `finish()` at the end of stream."""
+
+    def __init__(self, parser: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        fmt = get_format(parser)
+        self._impl: _ThinkMarkers | _Harmony | None
+        if fmt is None:
+            self._impl = None
+        elif fmt.harmony:
+            self._impl = _Harmony()
+        else:
+            self._impl = _ThinkMarkers(fmt, starts_in_reasoning(fmt, chat_template_kwargs))
+        self.reasoning = ""
+        self.content = ""
+
+    def feed(self, delta: str) -> None:
+        if self._impl is None:
+            self.content += delta
+            return
+        reasoning, content = self._impl.feed(delta)
+        self.reasoning += reasoning
+        self.content += content
+
+    def finish(self) -> None:
+        if self._impl is not None:
+            reasoning, content = self._impl.finish()
+            self.reasoning += reasoning
+            self.content += content
+
+    def result(self) -> ReasoningSplit:
+        closed = self._impl.closed if self._impl is not None else False
+        return ReasoningSplit(self.reasoning, self.content, closed)
+
+
+class _ThinkMarkers:
+    """`<think>…</think>`-style formats. Holds back only a tail that could begin a marker."""
+
+    def __init__(self, fmt: ReasoningFormat, forced: bool) -> None:
+        self.fmt, self.forced = fmt, forced
+        self.state = "start"  # "start" → "reasoning" → "content"
+        self.buffer = ""
+        self.closed = False
+        self.stoppers = (fmt.end, *fmt.also_ends)
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        self.buffer += delta
+        reasoning = content = ""
+        if self.state == "start":
+            head = self.buffer.lstrip()
+            if not head or (len(head) < len(self.fmt.start) and self.fmt.start.startswith(head)):
+                return "", ""  # might still be the model opening <think>
+            if head.startswith(self.fmt.start):
+                self.buffer = head[len(self.fmt.start):]
+                self.state = "reasoning"
+            else:
+                self.state = "reasoning" if self.forced else "content"
+        if self.state == "reasoning":
+            at, marker = self._first_stopper()
+            if at == -1:
+                keep = _partial_marker_tail(self.buffer, self.stoppers)
+                reasoning, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+                return reasoning, ""
+            reasoning = self.buffer[:at]
+            # The end marker is dropped; a tool-call marker belongs to the content.
+            rest = self.buffer[at + len(marker):] if marker == self.fmt.end else self.buffer[at:]
+            self.buffer, self.state, self.closed = "", "content", True
+            content = rest
+        elif self.state == "content":
+            content, self.buffer = self.buffer, ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        rest, self.buffer = self.buffer, ""
+        if self.state == "reasoning" or (self.state == "start" and self.forced):
+            return rest, ""
+        return "", rest
+
+    def _first_stopper(self) -> tuple[int, str]:
+        found = [(self.buffer.find(m), m) for m in self.stoppers]
+        found = [(at, m) for at, m in found if at != -1]
+        return min(found) if found else (-1, "")
+
+
+class _Harmony:
+    """gpt-oss Harmony: `<|channel|>analysis<|message|>…<|end|>` is reasoning, the `final` channel
+    is content. Messages are emitted whole, when their terminator arrives; other channels
+    (tool calls on `commentary`) go to the content verbatim so nothing is lost."""
+
+    TERMINATORS = ("<|end|>", "<|return|>", "<|call|>")
+    MESSAGE = re.compile(r"(?:<\|start\|>[^<]*)?<\|channel\|>(?P<header>.*?)<\|message\|>(?P<body>.*)", re.S)
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.closed = False
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        self.buffer += delta
+        reasoning = content = ""
+        while True:
+            ends = [(self.buffer.find(t), t) for t in self.TERMINATORS]
+            ends = [(at, t) for at, t in ends if at != -1]
+            if not ends:
+                return reasoning, content
+            at, terminator = min(ends)
+            message, self.buffer = self.buffer[:at], self.buffer[at + len(terminator):]
+            r, c = self._route(message, terminator)
+            reasoning, content = reasoning + r, content + c
+
+    def finish(self) -> tuple[str, str]:
+        message, self.buffer = self.buffer, ""
+        return self._route(message, "") if message else ("", "")
+
+    def _route(self, message: str, terminator: str) -> tuple[str, str]:
+        match = self.MESSAGE.match(message)
+        if match is None:
+            return "", message
+        channel = match["header"].split()[0] if match["header"].split() else ""
+        if channel == "analysis":
+            self.closed = self.closed or bool(terminator)
+            return match["body"], ""
+        if channel == "final":
+            self.closed = True
+            return "", match["body"]
+        return "", message + terminator
+
+
+def _partial_marker_tail(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a marker."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest

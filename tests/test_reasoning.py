@@ -53,3 +53,56 @@ def test_unknown_parser_is_a_clear_error():
     with pytest.raises(UnknownParserError, match="choose one of"):
         split_reasoning("x", "qwen4")
     assert "kimi_k2" in PARSER_NAMES
+
+
+def test_gpt_oss_analysis_channel_is_reasoning_and_final_is_content():
+    text = ("<|channel|>analysis<|message|>Let me think.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Hello!")
+    split = split_reasoning(text, "gpt-oss")
+    assert (split.reasoning, split.content, split.closed) == ("Let me think.", "Hello!", True)
+
+
+def test_gpt_oss_tool_calls_are_kept_verbatim_in_content():
+    call = "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+    split = split_reasoning("<|channel|>analysis<|message|>plan<|end|>" + call + "<|call|>", "gpt-oss")
+    assert split.reasoning == "plan" and split.content == call + "<|call|>"
+
+
+# --- any chunking gives the same split as the whole text ----------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from common.reasoning import ReasoningStream  # noqa: E402
+
+PIECES = ["plain", " words", "\n", "<think>", "</think>", "<", "</", "think>", "◁think▷", "◁/think▷",
+          "<|tool_calls_section_begin|>", "<tool_call>", "<|channel|>analysis<|message|>", "<|end|>",
+          "<|start|>assistant<|channel|>final<|message|>", "<|", " "]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(PIECES), max_size=12), cuts=st.lists(st.integers(0, 200), max_size=8),
+       parser=st.sampled_from(sorted(PARSER_NAMES)), thinking=st.sampled_from([None, True, False]))
+def test_any_chunking_of_the_stream_gives_the_whole_text_split(pieces, cuts, parser, thinking):
+    text = "".join(pieces)
+    kwargs = None if thinking is None else {"thinking": thinking, "enable_thinking": thinking}
+    whole = split_reasoning(text, parser, kwargs)
+    stream = ReasoningStream(parser, kwargs)
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        stream.feed(text[start:end])
+    stream.finish()
+    assert stream.result() == whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(reasoning=st.text(alphabet="ab <>/\n", max_size=30), content=st.text(alphabet="ab <>/\n", max_size=30),
+       cut=st.integers(0, 80))
+def test_forced_reasoning_is_recovered_exactly_for_any_text_and_split_point(reasoning, content, cut):
+    if "</think>" in reasoning or reasoning.lstrip().startswith("<think>"):
+        return  # the model's own reasoning would contain a marker: not a faithful example
+    text = reasoning + "</think>" + content
+    stream = ReasoningStream("kimi_k2")
+    stream.feed(text[:cut])
+    stream.feed(text[cut:])
+    stream.finish()
+    assert (stream.reasoning, stream.content) == (reasoning, content)
