@@ -28,6 +28,8 @@ class TaskPayload:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     enqueued_at: float = 0.0
     attempt: int = 1
+    # Store the generated token ids in the record (token-exact training data).
+    keep_token_ids: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,6 +60,7 @@ class Timing:
     started_at: float
     first_token_s: float | None
     duration_s: float
+    e2e_latency: float | None = None  # the server's own measure, from the last chunk
 
 
 @dataclass

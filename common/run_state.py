@@ -18,7 +18,9 @@ from common.records import TaskPayload
 
 COUNTER_FIELDS = (
     "total", "done", "failed", "rejected", "skipped",
-    "prompt_tokens", "completion_tokens", "reasoning_tokens", "truncated", "empty_reasoning",
+    "prompt_tokens", "completion_tokens", "reasoning_tokens",
+    # Data-quality counters: a reasoning model with empty reasoning is the classic silent bug.
+    "truncated", "empty_reasoning", "empty_content", "aborted",
 )
 
 # Set the done bit and count the record only the first time: a task run twice (a worker died
@@ -40,6 +42,7 @@ class Outcome:
     reasoning_tokens: int
     truncated: bool
     empty_reasoning: bool
+    empty_content: bool
 
     def increments(self) -> dict[str, int]:
         return {
@@ -49,6 +52,7 @@ class Outcome:
             "reasoning_tokens": self.reasoning_tokens,
             "truncated": int(self.truncated),
             "empty_reasoning": int(self.empty_reasoning),
+            "empty_content": int(self.empty_content),
         }
 
 
@@ -115,6 +119,9 @@ class RunState:
         }, use_bin_type=True)
         if self.redis.hset(self.keys.dead_letters, payload.id, letter):
             self.redis.hincrby(self.keys.counters(payload.dataset), "failed", 1)
+
+    def count(self, dataset: str, counter: str, amount: int = 1) -> None:
+        self.redis.hincrby(self.keys.counters(dataset), counter, amount)
 
     def dead_letters(self) -> dict[str, dict]:
         raw = self.redis.hgetall(self.keys.dead_letters)

@@ -29,6 +29,8 @@ class DatasetProgress:
     reasoning_tokens: int
     truncated: int
     empty_reasoning: int
+    empty_content: int
+    aborted: int
 
     @property
     def pending(self) -> int:

@@ -33,6 +33,8 @@ def enqueue_command(
     seed: Annotated[Optional[int], typer.Option(help="sampling_seed sent to SGLang")] = None,
     thinking: Annotated[Optional[bool], typer.Option(
         "--thinking/--no-thinking", help="chat_template_kwargs thinking / enable_thinking")] = None,
+    keep_token_ids: Annotated[bool, typer.Option(
+        help="Store the generated token ids in each record (token-exact training data)")] = False,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
@@ -49,6 +51,7 @@ def enqueue_command(
         context_length=context_length or (model_max if model_max and model_max < 10**8 else None),
         sampling=_sampling(temperature, top_p, seed),
         chat_template_kwargs=template_kwargs,
+        keep_token_ids=keep_token_ids,
     )
     url = redis_url or settings.redis_url
     state = RunState(connect(url), run)

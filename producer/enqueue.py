@@ -47,6 +47,7 @@ class EnqueueOptions:
     context_length: int | None
     sampling: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    keep_token_ids: bool = False
 
 
 @dataclass
@@ -126,6 +127,7 @@ def _payloads(spec: DatasetSpec, fresh: list[_Candidate], templater: PromptTempl
             partition=partition, prompt_tokens=len(ids), max_new_tokens=max_new_tokens,
             messages=candidate.messages, input_ids=list(ids), sampling=dict(options.sampling),
             chat_template_kwargs=dict(options.chat_template_kwargs), enqueued_at=now,
+            keep_token_ids=options.keep_token_ids,
         ))
     return payloads
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -39,7 +39,7 @@ def sim_command(
         float, typer.Option(min=0.001, help="Prompt tokens/s of prefill.", rich_help_panel=_CAPACITY)
     ] = 50_000.0,
     max_running: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             min=1, help="Most requests running at once; the rest wait (unlimited if unset).", rich_help_panel=_CAPACITY
         ),
@@ -92,7 +92,8 @@ def sim_command(
     abort_rate: Annotated[
         float,
         typer.Option(
-            min=0.0, max=1.0, help="Share of requests aborted: 503 'The request queue is full.'.", rich_help_panel=_FAULTS
+            min=0.0, max=1.0, help="Share of requests aborted with 503 'The request queue is full.'",
+            rich_help_panel=_FAULTS,
         ),
     ] = 0.0,
     error_chunk_rate: Annotated[
@@ -111,7 +112,7 @@ def sim_command(
         int, typer.Option(help="Seed of the per-request fault draws.", rich_help_panel=_FAULTS)
     ] = 0,
     die_after: Annotated[
-        Optional[float],
+        float | None,
         typer.Option(min=0.0, help="Exit abruptly (os._exit) this many seconds after start.", rich_help_panel=_FAULTS),
     ] = None,
     error_format: Annotated[
@@ -119,7 +120,7 @@ def sim_command(
     ] = ErrorFormat.V0_5_23,
 ) -> None:
     """Run a simulated SGLang server (0.5.23 /generate wire format) with a capacity model and faults."""
-    from sim.server import serve  # uvicorn and starlette load only when serving
+    from sim.runner import serve  # uvicorn and starlette load only when serving
 
     serve(
         SimSettings(

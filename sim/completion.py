@@ -7,8 +7,9 @@ import math
 import random
 import sys
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from sim.vocab import THINK_END, THINK_START, SimVocab
 

@@ -73,8 +73,7 @@ class Engine:
         await self.capacity.acquire()
         try:
             await asyncio.sleep(self.capacity.prefill_seconds(generation.prompt_tokens))
-            # The first token comes out of prefill, so the clock starts one token in.
-            clock = _DecodeClock(self.capacity, origin=self.capacity.progress() - 1.0, tick=self.tick)
+            clock = _DecodeClock(self.capacity, self.tick)
             if generation.stream:
                 await self._stream(generation, clock, out)
             else:
@@ -85,23 +84,24 @@ class Engine:
     async def _stream(self, generation: Generation, clock: _DecodeClock, out: Responder) -> None:
         frames, end, interval = generation.frames, generation.end, generation.stream_interval
         fault = generation.fault.kind if generation.fault else None
-        # A finish or an abort is itself the last chunk; an error chunk or a stall follows the
-        # regular chunks up to its point.
+        # A finish or an abort is itself the last chunk; an error chunk or a stall comes after
+        # the regular chunks up to its point.
         last_regular = end if fault in (FaultKind.ERROR_CHUNK, FaultKind.STALL) else end - 1
         sent = 0
+        batch: list[bytes] = []
         while True:
-            ready = min(end, clock.ready())
+            ready = clock.ready(end)
             counts = chunk_counts(sent, min(ready, last_regular), interval)
-            batch = [frames.chunk(count, first=sent == 0 and i == 0) for i, count in enumerate(counts)]
             if counts:
+                batch = [frames.chunk(count) for count in counts]
                 self.capacity.record_tokens(counts[-1] - sent)
                 sent = counts[-1]
             if ready == end:
                 break
             if batch:
                 await out.write(b"".join(batch))
-            next_count = chunk_counts(sent, end, interval)
-            await clock.wait_for(next_count[0] if next_count else end)
+                batch = []
+            await clock.sleep_until(min(sent + interval if sent else 1, end))
 
         self.capacity.record_tokens(end - sent)
         if fault is FaultKind.STALL:
@@ -112,13 +112,14 @@ class Engine:
             batch.append(internal_error_chunk(generation.error_format))
         else:
             finish = abort_finish() if fault is FaultKind.ABORT else generation.plan.finish_reason
-            batch.append(frames.chunk(end, first=sent == 0, finish=finish))
+            batch.append(frames.chunk(end, finish=finish))
         batch.append(DONE)
         await out.close_stream(b"".join(batch))
         self.capacity.record_finished()
 
     async def _respond(self, generation: Generation, clock: _DecodeClock, out: Responder) -> None:
-        await clock.wait_for(generation.end)
+        while clock.ready(generation.end) < generation.end:
+            await clock.sleep_until(generation.end)
         self.capacity.record_tokens(generation.end)
         fault = generation.fault.kind if generation.fault else None
         if fault is FaultKind.STALL:
@@ -133,20 +134,36 @@ class Engine:
 
 
 class _DecodeClock:
-    """How many tokens one request has generated, read off the shared decode clock."""
+    """One request's generated-token count, read off the shared decode clock, and its naps."""
 
-    def __init__(self, capacity: Capacity, *, origin: float, tick: float) -> None:
+    def __init__(self, capacity: Capacity, tick: float) -> None:
         self._capacity = capacity
-        self._origin = origin
+        # The first token comes out of prefill, so the request starts one token in.
+        self._origin = capacity.progress() - 1.0
         self._tick = tick
+        # Held, not looked up per nap: asyncio.get_running_loop() costs a getpid() syscall on
+        # Python 3.11, and streams nap thousands of times a second.
+        self._loop = asyncio.get_running_loop()
 
-    def ready(self) -> int:
-        return math.floor(self._capacity.progress() - self._origin)
+    def ready(self, limit: int) -> int:
+        # The epsilon keeps rounding in `origin` from holding back a token that is due.
+        return min(limit, math.floor(self._capacity.progress() - self._origin + 1e-9))
 
-    async def wait_for(self, count: int) -> None:
-        # Sleep at least a tick: waking per token would burn the CPU the clients need.
-        while self.ready() < count:
-            await asyncio.sleep(max(self._tick, self._capacity.seconds_until(self._origin + count)))
+    async def sleep_until(self, count: int) -> None:
+        """Sleep until `count` tokens are due if `running` holds, but at least a tick: waking per
+        token would burn the CPU the clients need. The caller re-reads `ready` on waking."""
+        delay = max(self._tick, self._capacity.seconds_until(self._origin + count))
+        woken = self._loop.create_future()
+        timer = self._loop.call_later(delay, _wake, woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _silence() -> None:

@@ -1,28 +1,22 @@
-"""The simulated SGLang HTTP server: its routes, the ASGI edge of each generation, and the runner."""
+"""The simulated SGLang server's HTTP surface: /generate's validation and the info endpoints."""
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import socket
-import sys
 import time
 import uuid
 from dataclasses import asdict
-from types import FrameType
-from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sim.capacity import Capacity
 from sim.completion import plan_completion
 from sim.engine import Engine, Generation
 from sim.faults import FaultInjector, FaultKind
+from sim.generation_response import GenerationResponse, read_body
 from sim.request import BadRequest, GenerateRequest, InvalidRequest, SchemaError, parse_generate_request
 from sim.settings import SimSettings
 from sim.vocab import SimVocab
@@ -36,13 +30,12 @@ from sim.wire import (
     schema_error_body,
 )
 
+GENERATE_METHODS = ("POST", "PUT")
 JSON_MEDIA_TYPE = "application/json"
-SSE_CONTENT_TYPE = f"{SSE_MEDIA_TYPE}; charset=utf-8"  # what Starlette sends for SGLang's streams
-GRACEFUL_SHUTDOWN_S = 2.0  # stalled streams never end by themselves
 
 
 class SimServer:
-    """One simulated SGLang server: settings, model tables, capacity and the Starlette app."""
+    """One simulated SGLang server as an ASGI app: model tables, capacity, faults and routes."""
 
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
@@ -54,10 +47,8 @@ class SimServer:
         self.shutting_down = False
         self._rids_in_flight: set[str] = set()
         self._created = int(time.time())
-        generate = ["POST", "PUT"]
-        self.app = Starlette(
+        self._routes = Starlette(
             routes=[
-                Route("/generate", self.generate, methods=generate),
                 Route("/health", self.health),
                 Route("/health_generate", self.health),
                 Route("/model_info", self.model_info),
@@ -72,11 +63,25 @@ class SimServer:
             ]
         )
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # /generate carries every token, so it skips Starlette's routing and middleware, which
+        # would otherwise wrap each chunk's `send` in two more coroutines.
+        if scope["type"] == "http" and scope["path"] == "/generate":
+            try:
+                response = await self._generate(scope, receive)
+            except ClientDisconnect:
+                return  # gone before its request was read
+            await response(scope, receive, send)
+        else:
+            await self._routes(scope, receive, send)
+
     # -- /generate ----------------------------------------------------------------------------
 
-    async def generate(self, request: Request) -> Any:
+    async def _generate(self, scope: Scope, receive: Receive) -> ASGIApp:
+        if scope["method"] not in GENERATE_METHODS:
+            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(GENERATE_METHODS)})
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await read_body(receive))
         except ValueError as error:
             return _bad_request(f"invalid JSON body: {error}")
         streaming = isinstance(body, dict) and body.get("stream") is True
@@ -91,7 +96,10 @@ class SimServer:
         if generation.fault and generation.fault.kind is FaultKind.HTTP_500:
             return Response(message_error_body("Internal server error"), 500, media_type=JSON_MEDIA_TYPE)
         self._rids_in_flight.add(rid)
-        return GenerationResponse(self, generation, rid)
+        return GenerationResponse(
+            self.engine, generation, on_disconnect=self.capacity.record_disconnected,
+            on_done=lambda: self._rids_in_flight.discard(rid),
+        )
 
     def _prepare(self, request: GenerateRequest) -> tuple[Generation, str]:
         settings = self.settings
@@ -135,9 +143,6 @@ class SimServer:
             chunk = invalid_request_chunk(message, self.settings.faults.error_format)
             return Response(chunk + DONE, 200, media_type=SSE_MEDIA_TYPE)
         return Response(message_error_body(message), 400, media_type=JSON_MEDIA_TYPE)
-
-    def finished(self, rid: str) -> None:
-        self._rids_in_flight.discard(rid)
 
     # -- info and health ----------------------------------------------------------------------
 
@@ -216,106 +221,7 @@ class SimServer:
         return JSONResponse(asdict(self.capacity.stats()))
 
 
-class GenerationResponse:
-    """An ASGI response that runs one generation and cancels it the moment the client goes away."""
-
-    def __init__(self, server: SimServer, generation: Generation, rid: str) -> None:
-        self._server = server
-        self._generation = generation
-        self._rid = rid
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        capacity = self._server.capacity
-        work = asyncio.ensure_future(self._server.engine.run(self._generation, _AsgiResponder(send)))
-        watch = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not work.done():
-                work.cancel()
-                capacity.record_disconnected()
-                await asyncio.wait((work,))  # let it release its slot before we return
-            self._server.finished(self._rid)
-        if not work.cancelled():
-            work.result()  # surface a crash in the generation
-
-
-async def _disconnect(receive: Receive) -> None:
-    # The body was read already, so the next message is the disconnect (or the response's end).
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class _AsgiResponder:
-    """Writes a generation's bytes straight to the ASGI server, without per-chunk wrappers."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-
-    async def respond(self, status: int, body: bytes) -> None:
-        headers = [(b"content-type", JSON_MEDIA_TYPE.encode()), (b"content-length", b"%d" % len(body))]
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body})
-
-    async def open_stream(self) -> None:
-        headers = [(b"content-type", SSE_CONTENT_TYPE.encode()), (b"cache-control", b"no-cache")]
-        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
-
-    async def write(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def close_stream(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data})
-
-
 def _bad_request(message: str) -> Response:
     """FastAPI's validation errors, which SGLang turns into 400s."""
     body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
     return Response(dumps(body), 400, media_type=JSON_MEDIA_TYPE)
-
-
-# -- runner --------------------------------------------------------------------------------------
-
-
-class _SimUvicorn(uvicorn.Server):
-    """uvicorn that flags the shutdown for /health and can die on schedule."""
-
-    def __init__(self, config: uvicorn.Config, sim: SimServer) -> None:
-        super().__init__(config)
-        self.sim = sim
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if not self.started:
-            return
-        settings = self.sim.settings
-        print(f"sim listening on {settings.url} ({settings.describe()})", flush=True)
-        if settings.faults.die_after is not None:
-            asyncio.get_running_loop().call_later(settings.faults.die_after, _die, settings.faults.die_after)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.sim.shutting_down = True
-        super().handle_exit(sig, frame)
-
-
-def _die(after: float) -> None:
-    print(f"sim: dying abruptly, as --die-after {after:g} asked", file=sys.stderr, flush=True)
-    os._exit(1)  # no cleanup, no goodbye: a crashed host
-
-
-def serve(settings: SimSettings) -> None:
-    """Run a simulated server in the foreground until interrupted."""
-    sim = SimServer(settings)
-    config = uvicorn.Config(
-        sim.app,
-        host=settings.host,
-        port=settings.port,
-        loop="auto",  # uvloop and httptools when installed
-        http="auto",
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
-    _SimUvicorn(config, sim).run()

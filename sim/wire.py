@@ -76,39 +76,38 @@ class CompletionFrames:
         incremental: bool,
     ) -> None:
         self.plan = plan
-        self._text = b"".join(text_pieces)
+        # Memoryviews, so that a chunk's prefix is copied once, by the join that builds it.
+        self._text = memoryview(b"".join(text_pieces))
         self._text_ends = [0, *accumulate(map(len, text_pieces))]
-        self._ids = b",".join(id_pieces)
+        self._ids = memoryview(b",".join(id_pieces))
         # End of the k-th id in `_ids`: the lengths so far plus the k - 1 commas between them.
         self._id_ends = [0, *(end + k for k, end in enumerate(accumulate(map(len, id_pieces))))]
         self._incremental = incremental
+        self._output_len = len(plan.output_ids)
         self._shown = 0  # output ids already sent, for delta chunks
+        self._started_streaming = False  # the first chunk carries response_sent_to_client_ts
         self._started = time.monotonic()
-        self._meta_head = b'{"id":' + dumps(rid) + b',"finish_reason":'
+        self._meta_head = b'],"meta_info":{"id":' + dumps(rid) + b',"finish_reason":'
         self._meta_body = b',"prompt_tokens":%d,"weight_version":"default","num_retractions":0' % prompt_tokens
 
-    def chunk(self, generated: int, *, first: bool = False, finish: dict[str, Any] | None = None) -> bytes:
-        """One SSE event after `generated` tokens; `finish` marks the last one."""
-        return b"data: " + self._response(generated, first=first, finish=finish) + b"\n\n"
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
+        """The SSE event after `generated` tokens; `finish` marks the last one."""
+        return self._response(generated, finish, b'data: {"text":"', b"}}\n\n")
 
     def body(self, finish: dict[str, Any] | None = None) -> bytes:
         """The non-streaming response: everything, first and last at once."""
-        plan = self.plan
-        return self._response(plan.completion_tokens, first=True, finish=finish or plan.finish_reason)
+        return self._response(self.plan.completion_tokens, finish or self.plan.finish_reason, b'{"text":"', b"}}")
 
-    def _response(self, generated: int, *, first: bool, finish: dict[str, Any] | None) -> bytes:
-        shown = min(generated, len(self.plan.output_ids))
+    def _response(self, generated: int, finish: dict[str, Any] | None, head: bytes, tail: bytes) -> bytes:
+        shown = min(generated, self._output_len)
         start = self._shown if self._incremental else 0
-        self._shown = shown
-        text = self._text[self._text_ends[start] : self._text_ends[shown]]
-        id_start = self._id_ends[start] + 1 if start else 0
-        ids = self._ids[id_start : self._id_ends[shown]]
-        return b"".join(
-            (b'{"text":"', text, b'","output_ids":[', ids, b'],"meta_info":', self._meta(generated, first, finish), b"}")
-        )
-
-    def _meta(self, generated: int, first: bool, finish: dict[str, Any] | None) -> bytes:
+        first = not self._started_streaming
+        self._shown, self._started_streaming = shown, True
         parts = [
+            head,
+            self._text[self._text_ends[start] : self._text_ends[shown]],
+            b'","output_ids":[',
+            self._ids[self._id_ends[start] + 1 if start else 0 : self._id_ends[shown]],
             self._meta_head,
             b"null" if finish is None else dumps(finish),
             self._meta_body,
@@ -119,7 +118,7 @@ class CompletionFrames:
             parts.append(b',"e2e_latency":' + repr(time.monotonic() - self._started).encode())
         if first:
             parts.append(b',"response_sent_to_client_ts":' + repr(time.time()).encode())
-        parts.append(b"}")
+        parts.append(tail)
         return b"".join(parts)
 
 

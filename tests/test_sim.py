@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
+from sim_process import SimProcess
 
 from sim.capacity import Capacity, CapacitySettings
-from sim.completion import LengthModel, Opening, plan_completion
+from sim.completion import CompletionPlan, LengthModel, Opening, plan_completion
 from sim.engine import chunk_counts
 from sim.vocab import SimVocab
-from sim_process import SimProcess
 
 FAST = ("--length-scale", "0.05", "--rate", "2000")
 LENGTHS = LengthModel(scale=0.05)
@@ -48,7 +50,14 @@ def prompt(vocab: SimVocab) -> list[int]:
     return ids
 
 
-def plan(prompt: list[int] | str, vocab: SimVocab, *, seed: int = 0, max_new_tokens: int = 128, lengths=LENGTHS):
+def plan(
+    prompt: list[int] | str,
+    vocab: SimVocab,
+    *,
+    seed: int = 0,
+    max_new_tokens: int = 128,  # the server's default
+    lengths: LengthModel = LENGTHS,
+) -> CompletionPlan:
     return plan_completion(prompt, seed=seed, max_new_tokens=max_new_tokens, lengths=lengths, vocab=vocab)
 
 
@@ -163,7 +172,7 @@ def test_cumulative_chunks_extend_each_other_up_to_the_planned_completion(sim, p
     expected = plan(prompt, vocab)
     events = chunks(stream(sim, input_ids=prompt, sampling_params={"skip_special_tokens": False}))
 
-    for before, after in zip(events, events[1:]):
+    for before, after in itertools.pairwise(events):
         assert after["text"].startswith(before["text"])
         assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
         assert after["meta_info"]["completion_tokens"] == before["meta_info"]["completion_tokens"] + 1

@@ -19,7 +19,7 @@ from common.reasoning import get_format, split_reasoning, starts_in_reasoning
 from common.records import CompletionRecord, TaskPayload, Timing, Usage
 from common.run_state import Outcome
 from workers.app import app
-from workers.errors import EXHAUSTED, GenerationError, ShutdownRequested, TransientError
+from workers.errors import EXHAUSTED, GenerationError, ShutdownRequested, TransientError, UpstreamAborted
 from workers.runtime import SHUTDOWN, WorkerRuntime, close_runtime, get_runtime
 from workers.sglang_client import Generation
 
@@ -66,7 +66,8 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
             raise
     record = build_record(payload, runtime, generation, upstream, started_at)
     runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
-    state.mark_done(payload.dataset, payload.row, outcome_of(record, runtime.settings.reasoning_parser))
+    outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
+    state.mark_done(payload.dataset, payload.row, outcome)
     return summary(record)
 
 
@@ -96,18 +97,20 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, generation: Gener
                     cached_tokens=generation.cached_tokens),
         upstream=upstream, model=runtime.client.model_name(upstream), sampling=payload.sampling,
         timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at,
-                      first_token_s=generation.first_token_s, duration_s=generation.duration_s),
+                      first_token_s=generation.first_token_s, duration_s=generation.duration_s,
+                      e2e_latency=generation.e2e_latency),
         attempts=payload.attempt, worker=runtime.name,
+        output_ids=generation.output_ids if payload.keep_token_ids else None,
     )
 
 
-def outcome_of(record: CompletionRecord, parser: str) -> Outcome:
-    fmt = get_format(parser)
-    expects_reasoning = fmt is not None and starts_in_reasoning(fmt, None)
+def outcome_of(record: CompletionRecord, parser: str, chat_template_kwargs: dict[str, Any]) -> Outcome:
+    expects_reasoning = starts_in_reasoning(get_format(parser), chat_template_kwargs)
     return Outcome(
         prompt_tokens=record.usage.prompt_tokens, completion_tokens=record.usage.completion_tokens,
         reasoning_tokens=record.usage.reasoning_tokens, truncated=record.finish_reason == "length",
         empty_reasoning=expects_reasoning and not record.reasoning.strip(),
+        empty_content=not record.content.strip(),
     )
 
 
@@ -126,6 +129,8 @@ def summary(record: CompletionRecord) -> dict[str, Any]:
 def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
                     error: GenerationError) -> NoReturn:
     settings = runtime.settings
+    if isinstance(error, UpstreamAborted):
+        runtime.run_state(payload.run).count(payload.dataset, "aborted")
     if error.retryable and payload.attempt < settings.max_attempts:
         countdown = retry_countdown(payload.attempt, settings.retry_backoff_s, settings.retry_backoff_max_s)
         payload.attempt += 1
