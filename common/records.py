@@ -30,6 +30,8 @@ class TaskPayload:
     attempt: int = 1
     # Store the generated token ids in the record (token-exact training data).
     keep_token_ids: bool = False
+    # "last": reply to the prompt in `messages`; "all": regenerate every assistant turn.
+    regenerate: str = "last"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,11 +84,14 @@ class CompletionRecord:
     attempts: int
     worker: str
     output_ids: list[int] | None = None
+    # With `--regenerate all`: every generated turn in order (reasoning, content, finish, usage).
+    turns: list[dict[str, Any]] | None = None
 
     def to_json_line(self) -> bytes:
         data = asdict(self)
-        if data["output_ids"] is None:
-            del data["output_ids"]
+        for optional in ("output_ids", "turns"):
+            if data[optional] is None:
+                del data[optional]
         return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
     @classmethod
@@ -95,3 +100,15 @@ class CompletionRecord:
         data["usage"] = Usage(**data["usage"])
         data["timing"] = Timing(**data["timing"])
         return cls(**data)
+
+
+@dataclass
+class Turn:
+    """One generated assistant turn."""
+    reasoning: str
+    content: str
+    finish_reason: str
+    matched_stop: int | str | list[int] | None
+    usage: Usage
+    upstream: str
+    output_ids: list[int] | None = None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -20,6 +21,15 @@ class Settings(BaseSettings):
 
     # SGLang hosts a worker streams from; `genfleet worker --upstream` overrides.
     upstreams: Annotated[list[str], NoDecode] = []
+    # "generate": native /generate with the producer's token ids (exact, the default);
+    # "chat": /v1/chat/completions, the server templates and splits reasoning itself.
+    api: Literal["generate", "chat"] = "generate"
+    # The model's tokenizer directory on the worker host. With it, reasoning is split on the
+    # generated token ids (independent of skip_special_tokens) and `--regenerate all` can template
+    # each turn for /generate.
+    tokenizer: Path | None = None
+    # Sent to SGLang; keep false unless `tokenizer` is set, or </think> vanishes from the text.
+    skip_special_tokens: bool = False
     # Tokens between stream chunks: SGLang's default of 1 costs quadratic bytes when cumulative.
     stream_interval: int = 32
     connect_timeout_s: float = 10.0

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import redis
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from common.queues import PARTITIONS
@@ -56,6 +57,28 @@ class RunProgress:
         fields = {name: sum(getattr(d, name) for d in self.datasets)
                   for name in DatasetProgress.__dataclass_fields__ if name != "dataset"}
         return DatasetProgress(dataset="all", **fields)
+
+
+# Alarm thresholds, as shares of a dataset's completions, once it has a few.
+EMPTY_REASONING_ALARM = 0.05
+TRUNCATION_ALARM = 0.10
+ALARM_MIN_SAMPLES = 5
+
+
+def alarms(progress: RunProgress) -> list[str]:
+    """One line per data-quality problem an operator must look at now."""
+    lines = []
+    for d in progress.datasets:
+        if d.done < ALARM_MIN_SAMPLES:
+            continue
+        if d.empty_reasoning / d.done > EMPTY_REASONING_ALARM:
+            lines.append(f"{d.dataset}: {100 * d.empty_reasoning / d.done:.0f}% of completions have empty "
+                         "reasoning on a reasoning model: check GENFLEET_REASONING_PARSER and that the "
+                         "template's <think> is not lost (skip_special_tokens)")
+        if d.truncated / d.done > TRUNCATION_ALARM:
+            lines.append(f"{d.dataset}: {100 * d.truncated / d.done:.0f}% of completions stopped at "
+                         "max_new_tokens (finish_reason length): raise the cap or expect cut-off answers")
+    return lines
 
 
 def read_progress(client: redis.Redis, run: str) -> RunProgress:
@@ -113,10 +136,13 @@ def status_command(
     console = wide_console()
     if as_json:
         progress = read_progress(client, run)
-        print(json.dumps({**asdict(progress), "finished": progress.finished}))
+        print(json.dumps({**asdict(progress), "finished": progress.finished, "alarms": alarms(progress)}))
         return
     if not watch:
-        console.print(render(read_progress(client, run)))
+        progress = read_progress(client, run)
+        console.print(render(progress))
+        for line in alarms(progress):
+            console.print(f"[bold red]ALARM[/] {escape(line)}")
         return
     from rich.live import Live
     with Live(render(read_progress(client, run)), console=console, refresh_per_second=1) as live:

@@ -27,3 +27,12 @@ def load_tokenizer(path: str | Path):
     if not getattr(tokenizer, "chat_template", None):
         raise TokenizerNotFoundError(f"{directory} has no chat template (tokenizer_config.json: chat_template)")
     return tokenizer
+
+
+def render_prompts(tokenizer, conversations: list[list[dict]], chat_template_kwargs: dict | None = None,
+                   ) -> list[list[int]]:
+    """Token ids of each conversation's prompt, generation prompt included. The template already
+    holds the special tokens it wants, so none are added a second time (no double BOS)."""
+    texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
+                                          **(chat_template_kwargs or {}))
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]

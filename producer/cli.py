@@ -33,12 +33,16 @@ def enqueue_command(
     seed: Annotated[Optional[int], typer.Option(help="sampling_seed sent to SGLang")] = None,
     thinking: Annotated[Optional[bool], typer.Option(
         "--thinking/--no-thinking", help="chat_template_kwargs thinking / enable_thinking")] = None,
+    regenerate: Annotated[str, typer.Option(
+        help="last: reply to the last user turn; all: regenerate every assistant turn in order")] = "last",
     keep_token_ids: Annotated[bool, typer.Option(
         help="Store the generated token ids in each record (token-exact training data)")] = False,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
     settings = get_settings()
+    if regenerate not in ("last", "all"):
+        raise typer.BadParameter(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
     specs = [_parse_spec(text) for text in datasets]
     template_kwargs = {} if thinking is None else {"thinking": thinking, "enable_thinking": thinking}
     templater = PromptTemplater(tokenizer, template_kwargs)
@@ -52,6 +56,7 @@ def enqueue_command(
         sampling=_sampling(temperature, top_p, seed),
         chat_template_kwargs=template_kwargs,
         keep_token_ids=keep_token_ids,
+        regenerate=regenerate,
     )
     url = redis_url or settings.redis_url
     state = RunState(connect(url), run)

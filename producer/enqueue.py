@@ -48,6 +48,9 @@ class EnqueueOptions:
     sampling: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_token_ids: bool = False
+    # "last": generate the reply to the conversation up to its last user turn;
+    # "all": every assistant turn, in order (the worker templates each turn).
+    regenerate: str = "last"
 
 
 @dataclass
@@ -85,7 +88,7 @@ def enqueue_dataset(spec: DatasetSpec, *, templater: PromptTemplater, state: Run
         candidates = []
         for item in batch:
             try:
-                candidates.append(_candidate(spec.name, item))
+                candidates.append(_candidate(spec.name, item, options.regenerate))
             except RowRejected as error:
                 _reject(report, state, spec.name, item, str(error))
         fresh_rows = set(state.unclaimed_rows(spec.name, [c.source.row for c in candidates]))
@@ -100,11 +103,12 @@ def enqueue_dataset(spec: DatasetSpec, *, templater: PromptTemplater, state: Run
     return report
 
 
-def _candidate(dataset: str, item: SourceRow | MalformedRow) -> _Candidate:
+def _candidate(dataset: str, item: SourceRow | MalformedRow, regenerate: str) -> _Candidate:
     if isinstance(item, MalformedRow):
         raise RowRejected(item.reason)
-    messages = prompt_messages(to_messages(item.data))
-    return _Candidate(item, prompt_id(dataset, item.data, item.row), messages)
+    messages = to_messages(item.data)
+    prompt = prompt_messages(messages)  # rejects a conversation without a user turn
+    return _Candidate(item, prompt_id(dataset, item.data, item.row), messages if regenerate == "all" else prompt)
 
 
 def _payloads(spec: DatasetSpec, fresh: list[_Candidate], templater: PromptTemplater,
@@ -125,9 +129,11 @@ def _payloads(spec: DatasetSpec, fresh: list[_Candidate], templater: PromptTempl
         payloads.append(TaskPayload(
             run=options.run, id=candidate.id, dataset=spec.name, row=candidate.source.row,
             partition=partition, prompt_tokens=len(ids), max_new_tokens=max_new_tokens,
-            messages=candidate.messages, input_ids=list(ids), sampling=dict(options.sampling),
+            messages=candidate.messages, sampling=dict(options.sampling),
+            # With every turn regenerated, the worker templates each turn itself.
+            input_ids=list(ids) if options.regenerate == "last" else None,
             chat_template_kwargs=dict(options.chat_template_kwargs), enqueued_at=now,
-            keep_token_ids=options.keep_token_ids,
+            keep_token_ids=options.keep_token_ids, regenerate=options.regenerate,
         ))
     return payloads
 

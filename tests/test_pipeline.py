@@ -1,6 +1,7 @@
 """The whole pipeline on one box: producer → Redis queues → Celery workers → simulator → shards."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -112,3 +113,50 @@ def _wait_until(condition, timeout: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout} s")
         time.sleep(0.1)
+
+
+def test_regenerate_all_makes_each_turn_in_order_on_the_models_own_replies(fleet, tmp_path):
+    from common.tokenizer import load_tokenizer, render_prompts
+    from workers.turns import history_before
+
+    conversation = []
+    for turn in range(3):
+        conversation += [{"role": "user", "content": f"user turn {turn} asks about the module"},
+                         {"role": "assistant", "content": f"the original answer {turn}"}]
+    data = tmp_path / "multi.jsonl"
+    data.write_text(json.dumps({"id": "conv", "messages": conversation}) + "\n")
+    fleet.configure(tokenizer=TOKENIZER)
+    with SimProcess(*FAST_SIM) as sim:
+        fleet.start_worker("short", sim.url, concurrency=4)
+        fleet.enqueue("multi", f"multi={data}", extra=("--regenerate", "all"))
+        fleet.wait_finished("multi", timeout=60)
+        assert sim.stats()["requests_finished"] == 3
+
+    (record,) = fleet.records("multi")
+    tokenizer, vocab = load_tokenizer(TOKENIZER), SimVocab.from_tokenizer_dir(TOKENIZER)
+    replies = {}
+    assert len(record["turns"]) == 3
+    for position, turn in zip((1, 3, 5), record["turns"], strict=True):
+        prompt = history_before(conversation, position, replies)
+        (ids,) = render_prompts(tokenizer, [prompt])
+        plan = plan_completion(ids, seed=0, max_new_tokens=MAX_NEW_TOKENS["short"],
+                               lengths=LengthModel(scale=0.05), vocab=vocab)
+        assert (turn["reasoning"], turn["content"]) == (plan.reasoning_text, plan.content_text)
+        replies[position] = {"role": "assistant", "content": plan.content_text}
+    assert "the original answer" not in json.dumps(record["messages"])
+    assert (record["reasoning"], record["content"]) == (turn["reasoning"], turn["content"])
+
+
+def test_chat_api_workers_store_the_servers_reasoning_split(fleet, tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(f'{{"prompt": "chat question {i}"}}\n' for i in range(12)))
+    fleet.configure(api="chat")
+    with SimProcess(*FAST_SIM) as sim:
+        fleet.start_worker("short", sim.url, concurrency=6)
+        fleet.enqueue("chat", f"q={data}")
+        fleet.wait_finished("chat", timeout=60)
+    records = fleet.records("chat")
+    assert len(records) == 12
+    for record, plan in zip(records, expected_plans(records, scale=0.05), strict=True):
+        assert (record["reasoning"], record["content"]) == (plan.reasoning_text, plan.content_text)
+        assert record["usage"]["completion_tokens"] == plan.completion_tokens

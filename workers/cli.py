@@ -18,12 +18,20 @@ def worker_command(
     upstream: Annotated[list[str], typer.Option(help="SGLang base URL; repeat for several hosts")],
     concurrency: Annotated[Optional[int], typer.Option(
         help="Requests in flight (default: 150 per host for short, 32 for long)")] = None,
+    api: Annotated[Optional[str], typer.Option(
+        help="generate (native /generate, default) or chat (/v1/chat/completions)")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="Local model dir: split reasoning on token ids; needed by --regenerate all over /generate")] = None,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
 ) -> None:
     """Run a Celery worker (threads pool) that streams completions for one queue."""
     if pool not in PARTITIONS:
         raise typer.BadParameter(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
+    if api is not None:
+        os.environ["GENFLEET_API"] = api
+    if tokenizer is not None:
+        os.environ["GENFLEET_TOKENIZER"] = tokenizer
     _apply_overrides(redis_url, upstreams=upstream)
     slots = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
 

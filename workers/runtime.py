@@ -7,8 +7,12 @@ import socket
 import threading
 from dataclasses import dataclass
 
+from typing import Any
+
 from common.run_state import RunState, connect
 from common.settings import Settings, get_settings
+from common.tokenizer import load_tokenizer
+from workers.completion_split import CompletionSplitter
 from workers.sglang_client import SglangClient
 from workers.shard_writer import ShardSet
 from workers.upstreams import UpstreamPool
@@ -25,6 +29,8 @@ class WorkerRuntime:
     upstreams: UpstreamPool
     shards: ShardSet
     redis_url: str
+    tokenizer: Any | None
+    splitter: CompletionSplitter
 
     def __post_init__(self) -> None:
         self._redis = connect(self.redis_url)
@@ -60,6 +66,7 @@ def get_runtime() -> WorkerRuntime:
             settings = get_settings()
             upstreams = UpstreamPool(settings.upstreams)
             name = f"{_pool_name}-{socket.gethostname()}-{os.getpid()}"
+            tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
             _runtime = WorkerRuntime(
                 settings=settings,
                 name=name,
@@ -71,6 +78,8 @@ def get_runtime() -> WorkerRuntime:
                                 commit_interval_s=settings.commit_interval_s,
                                 max_age_s=settings.shard_max_age_s),
                 redis_url=settings.redis_url,
+                tokenizer=tokenizer,
+                splitter=CompletionSplitter(settings.reasoning_parser, tokenizer),
             )
         return _runtime
 

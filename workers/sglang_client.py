@@ -1,13 +1,15 @@
-"""Streams one generation from an SGLang `/generate` endpoint over a shared httpx client."""
+"""Streams one generation from SGLang over a shared httpx client: native `/generate` (the default)
+or `/v1/chat/completions` with server-side reasoning split."""
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import httpx
 
+from workers.chat_stream import ChatStreamAssembler
 from workers.errors import (
     DeadlineExceeded, PermanentError, ShutdownRequested, StreamCut, StreamStalled, TransientError,
 )
@@ -19,8 +21,6 @@ RETRYABLE_4XX = {408, 429}
 
 @dataclass
 class Generation:
-    text: str
-    output_ids: list[int]
     finish_reason: dict[str, Any]
     prompt_tokens: int
     completion_tokens: int
@@ -28,7 +28,22 @@ class Generation:
     cached_tokens: int
     first_token_s: float | None
     duration_s: float
-    e2e_latency: float | None
+    e2e_latency: float | None = None
+    # /generate: the raw text (special tokens kept) and ids, split by the worker.
+    text: str = ""
+    output_ids: list[int] | None = None
+    # /v1/chat/completions: the server already split them.
+    reasoning: str | None = None
+    content: str | None = None
+
+
+class _Assembler(Protocol):
+    chunks: int
+
+    @property
+    def finished(self) -> bool: ...
+
+    def feed(self, chunk: dict[str, Any]) -> None: ...
 
 
 class SglangClient:
@@ -42,6 +57,9 @@ class SglangClient:
         self.stall_timeout_s = stall_timeout_s
         self._model_names: dict[str, str] = {}
 
+    def close(self) -> None:
+        self.http.close()
+
     def model_name(self, upstream: str) -> str:
         """The served model's name from `/model_info`, asked once per upstream."""
         name = self._model_names.get(upstream)
@@ -54,54 +72,85 @@ class SglangClient:
             self._model_names[upstream] = name
         return name
 
-    def close(self) -> None:
-        self.http.close()
-
     def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False) -> Generation:
+        """Native `/generate` streaming, cumulative or incremental (read off the chunks)."""
         started = time.monotonic()
-        try:
-            with self.http.stream("POST", f"{upstream}/generate", json=body) as response:
-                if response.status_code != 200:
-                    raise _http_error(response)
-                return self._read_stream(response, started, deadline, should_stop)
-        except httpx.ReadTimeout:
-            raise StreamStalled(f"no data from {upstream} for {self.stall_timeout_s:.0f} s") from None
-        except httpx.TimeoutException as error:
-            raise TransientError(f"timeout talking to {upstream}: {type(error).__name__}") from None
-        except httpx.TransportError as error:
-            raise TransientError(f"transport error from {upstream}: {type(error).__name__}: {error}") from None
-
-    def _read_stream(self, response: httpx.Response, started: float, deadline: float,
-                     should_stop: Callable[[], bool]) -> Generation:
         assembler = StreamAssembler()
-        first_token_s = None
-        for line in response.iter_lines():
-            if should_stop():
-                raise ShutdownRequested()
-            if time.monotonic() > deadline:
-                raise DeadlineExceeded("generation ran past the task deadline")
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            assembler.feed(json.loads(data))
-            if first_token_s is None and assembler.output_ids:
-                first_token_s = time.monotonic() - started
-        if not assembler.finished:
-            raise StreamCut(f"stream ended after {assembler.chunks} chunks without a finish reason")
+        first_token_s = self._stream(f"{upstream}/generate", body, assembler, started, deadline, should_stop,
+                                     has_tokens=lambda: bool(assembler.output_ids))
         meta = assembler.meta
         return Generation(
-            text=assembler.text, output_ids=assembler.output_ids,
             finish_reason=assembler.finish_reason or {},
             prompt_tokens=int(meta.get("prompt_tokens") or 0),
             completion_tokens=int(meta.get("completion_tokens") or 0),
             reasoning_tokens=int(meta.get("reasoning_tokens") or 0),
             cached_tokens=int(meta.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
-            e2e_latency=meta.get("e2e_latency"),
+            e2e_latency=meta.get("e2e_latency"), text=assembler.text, output_ids=assembler.output_ids,
         )
+
+    def chat(self, upstream: str, body: dict[str, Any], *, deadline: float,
+             should_stop: Callable[[], bool] = lambda: False) -> Generation:
+        """`/v1/chat/completions` streaming; asks for usage in the last chunk."""
+        started = time.monotonic()
+        assembler = ChatStreamAssembler()
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        first_token_s = self._stream(f"{upstream}/v1/chat/completions", body, assembler, started, deadline,
+                                     should_stop, has_tokens=lambda: assembler.has_tokens)
+        usage = assembler.usage
+        details = usage.get("completion_tokens_details") or {}
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        return Generation(
+            finish_reason=assembler.finish_reason or {},
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+            first_token_s=first_token_s, duration_s=time.monotonic() - started,
+            reasoning=assembler.reasoning, content=assembler.content,
+        )
+
+    def _stream(self, url: str, body: dict[str, Any], assembler: _Assembler, started: float,
+                deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool]) -> float | None:
+        """Feeds every `data:` chunk to the assembler; returns the time to the first token."""
+        first_token_s = None
+        try:
+            with self.http.stream("POST", url, json=body) as response:
+                if response.status_code != 200:
+                    raise _http_error(response)
+                for line in response.iter_lines():
+                    if should_stop():
+                        raise ShutdownRequested()
+                    if time.monotonic() > deadline:
+                        raise DeadlineExceeded("generation ran past the task deadline")
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    assembler.feed(_decode_chunk(data))
+                    if first_token_s is None and has_tokens():
+                        first_token_s = time.monotonic() - started
+        except httpx.ReadTimeout:
+            raise StreamStalled(f"no data from {url} for {self.stall_timeout_s:g} s") from None
+        except httpx.TimeoutException as error:
+            raise TransientError(f"timeout talking to {url}: {type(error).__name__}") from None
+        except httpx.TransportError as error:
+            raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None
+        if not assembler.finished:
+            raise StreamCut(f"stream from {url} ended after {assembler.chunks} chunks without a finish reason")
+        return first_token_s
+
+
+def _decode_chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise TransientError(f"malformed stream chunk: {data[:200]!r}") from None
+    if not isinstance(chunk, dict):
+        raise TransientError(f"unexpected stream chunk: {data[:200]!r}")
+    return chunk
 
 
 def _http_error(response: httpx.Response) -> TransientError | PermanentError:

@@ -8,6 +8,7 @@ its meta_info, which lacks `num_retractions`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,15 +51,23 @@ class StreamAssembler:
                 raise abort_error(self.finish_reason)
 
 
+# What SGLang reports as a bad request (a ValueError in the server): the same request fails again.
+INVALID_REQUEST = re.compile(
+    r"context length|maximum context|Either text, input_ids|Duplicate request ID|unknown field|"
+    r"invalid|expected one of|not supported", re.I)
+
+
 def error_from_chunk(error: Any) -> TransientError | PermanentError:
     """`data: {"error": ...}`: 0.5.23 says {message,type,code,retryable}; 0.5.2 only {message}."""
     if not isinstance(error, dict):
-        return PermanentError(f"upstream error: {error}")
+        error = {"message": str(error)}
     message = str(error.get("message", error))
     retryable = error.get("retryable")
+    code = error.get("code")
+    if retryable is None and isinstance(code, int):
+        retryable = code >= 500 or code in (408, 429)
     if retryable is None:
-        code = error.get("code")
-        retryable = isinstance(code, int) and code >= 500
+        retryable = not INVALID_REQUEST.search(message)
     return (TransientError if retryable else PermanentError)(f"upstream error: {message}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import asdict
 from typing import Any, NoReturn
 
 from celery import Task
@@ -15,13 +16,17 @@ from celery.exceptions import Reject
 from celery.signals import worker_shutdown, worker_shutting_down
 
 from common.queues import GENERATE_TASK
-from common.reasoning import get_format, split_reasoning, starts_in_reasoning
-from common.records import CompletionRecord, TaskPayload, Timing, Usage
+from common.reasoning import get_format, starts_in_reasoning
+from common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from common.run_state import Outcome
+from common.tokenizer import render_prompts
 from workers.app import app
-from workers.errors import EXHAUSTED, GenerationError, ShutdownRequested, TransientError, UpstreamAborted
+from workers.errors import (
+    EXHAUSTED, GenerationError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
+)
 from workers.runtime import SHUTDOWN, WorkerRuntime, close_runtime, get_runtime
 from workers.sglang_client import Generation
+from workers.turns import history_before, reply_positions
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +50,10 @@ def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
     except ShutdownRequested:
         raise Reject("worker shutting down", requeue=True) from None
     except GenerationError as error:
-        return _handle_failure(self, payload, runtime, error)
+        _handle_failure(self, payload, runtime, error)
     except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
         log.exception("unexpected error on %s", payload.id)
-        return _handle_failure(self, payload, runtime, TransientError(f"{type(error).__name__}: {error}"))
+        _handle_failure(self, payload, runtime, TransientError(f"{type(error).__name__}: {error}"))
 
 
 def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
@@ -57,50 +62,105 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
         return {"id": payload.id, "skipped": "already done"}
     started_at = time.time()
     deadline = time.monotonic() + runtime.settings.task_deadline_s
-    with runtime.upstreams.lease() as upstream:
-        try:
-            generation = runtime.client.generate(upstream, generate_request(payload, runtime),
-                                                 deadline=deadline, should_stop=SHUTDOWN.is_set)
-        except GenerationError as error:
-            error.upstream = upstream
-            raise
-    record = build_record(payload, runtime, generation, upstream, started_at)
+    turns, prompt = generate_turns(payload, runtime, deadline)
+    record = build_record(payload, runtime, turns, prompt, started_at)
     runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
     state.mark_done(payload.dataset, payload.row, outcome)
     return summary(record)
 
 
-def generate_request(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
+def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
+                   deadline: float) -> tuple[list[tuple[Turn, Generation]], list[dict]]:
+    """Each reply the payload asks for, in order; returns them and the last reply's prompt."""
+    replies: dict[int, dict] = {}
+    turns = []
+    prompt = payload.messages
+    for position in reply_positions(payload.messages, payload.regenerate):
+        prompt = history_before(payload.messages, position, replies)
+        generation, upstream = stream_reply(payload, runtime, prompt, deadline)
+        split = runtime.splitter.split(generation, payload.chat_template_kwargs)
+        turn = Turn(
+            reasoning=split.reasoning, content=split.content,
+            finish_reason=generation.finish_reason.get("type", "stop"),
+            matched_stop=generation.finish_reason.get("matched"),
+            usage=Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
+                        reasoning_tokens=generation.reasoning_tokens, cached_tokens=generation.cached_tokens),
+            upstream=upstream,
+            output_ids=generation.output_ids if payload.keep_token_ids else None,
+        )
+        turns.append((turn, generation))
+        replies[position] = {"role": "assistant", "content": split.content}
+    return turns, prompt
+
+
+def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict],
+                 deadline: float) -> tuple[Generation, str]:
+    settings = runtime.settings
+    with runtime.upstreams.lease() as upstream:
+        try:
+            if settings.api == "chat":
+                body = chat_request(payload, prompt)
+                return runtime.client.chat(upstream, body, deadline=deadline, should_stop=SHUTDOWN.is_set), upstream
+            body = generate_request(payload, runtime, prompt_ids(payload, runtime, prompt))
+            return runtime.client.generate(upstream, body, deadline=deadline, should_stop=SHUTDOWN.is_set), upstream
+        except GenerationError as error:
+            error.upstream = upstream
+            raise
+
+
+def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:
+    """The producer's ids for the first reply; later turns are templated here, with the model's own
+    replies in the history."""
+    if payload.regenerate == "last":
+        return payload.input_ids
+    if runtime.tokenizer is None:
+        raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
+                             "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
+    return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
+
+
+def generate_request(payload: TaskPayload, runtime: WorkerRuntime, input_ids: list[int] | None) -> dict[str, Any]:
     sampling = {
         **payload.sampling,
         "max_new_tokens": payload.max_new_tokens,
         # Keep </think> in the text: with it skipped, reasoning silently merges into content.
-        "skip_special_tokens": False,
+        "skip_special_tokens": runtime.settings.skip_special_tokens,
         "stream_interval": runtime.settings.stream_interval,
     }
-    prompt = {"input_ids": payload.input_ids} if payload.input_ids is not None else {"text": payload.text}
+    prompt = {"input_ids": input_ids} if input_ids is not None else {"text": payload.text}
     return {**prompt, "stream": True, "sampling_params": sampling}
 
 
-def build_record(payload: TaskPayload, runtime: WorkerRuntime, generation: Generation,
-                 upstream: str, started_at: float) -> CompletionRecord:
-    split = split_reasoning(generation.text, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
+def chat_request(payload: TaskPayload, prompt: list[dict]) -> dict[str, Any]:
+    sampling = dict(payload.sampling)
+    if "sampling_seed" in sampling:
+        sampling["seed"] = sampling.pop("sampling_seed")
+    return {
+        "model": "default", "messages": prompt, "max_tokens": payload.max_new_tokens, **sampling,
+        "chat_template_kwargs": payload.chat_template_kwargs, "separate_reasoning": True,
+    }
+
+
+def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple[Turn, Generation]],
+                 prompt: list[dict], started_at: float) -> CompletionRecord:
+    last, generation = turns[-1]
+    first_token_s = turns[0][1].first_token_s
+    usage = Usage(
+        prompt_tokens=sum(t.usage.prompt_tokens for t, _ in turns) or payload.prompt_tokens,
+        completion_tokens=sum(t.usage.completion_tokens for t, _ in turns),
+        reasoning_tokens=sum(t.usage.reasoning_tokens for t, _ in turns),
+        cached_tokens=sum(t.usage.cached_tokens for t, _ in turns),
+    )
     return CompletionRecord(
         id=payload.id, run=payload.run, dataset=payload.dataset, partition=payload.partition,
-        messages=payload.messages, reasoning=split.reasoning, content=split.content,
-        finish_reason=generation.finish_reason.get("type", "stop"),
-        matched_stop=generation.finish_reason.get("matched"),
-        usage=Usage(prompt_tokens=generation.prompt_tokens or payload.prompt_tokens,
-                    completion_tokens=generation.completion_tokens,
-                    reasoning_tokens=generation.reasoning_tokens,
-                    cached_tokens=generation.cached_tokens),
-        upstream=upstream, model=runtime.client.model_name(upstream), sampling=payload.sampling,
-        timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at,
-                      first_token_s=generation.first_token_s, duration_s=generation.duration_s,
-                      e2e_latency=generation.e2e_latency),
-        attempts=payload.attempt, worker=runtime.name,
-        output_ids=generation.output_ids if payload.keep_token_ids else None,
+        messages=prompt, reasoning=last.reasoning, content=last.content,
+        finish_reason=last.finish_reason, matched_stop=last.matched_stop, usage=usage,
+        upstream=last.upstream, model=runtime.client.model_name(last.upstream), sampling=payload.sampling,
+        timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at, first_token_s=first_token_s,
+                      duration_s=time.time() - started_at, e2e_latency=generation.e2e_latency),
+        attempts=payload.attempt, worker=runtime.name, output_ids=last.output_ids,
+        turns=[asdict(turn) for turn, _ in turns] if payload.regenerate == "all" else None,
     )
 
 
