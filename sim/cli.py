@@ -1,6 +1,7 @@
 """`genfleet sim` / `python -m sim`: command-line flags into SimSettings, then serve."""
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -9,12 +10,19 @@ import typer
 from sim.capacity import CapacitySettings
 from sim.completion import LengthModel
 from sim.faults import ErrorFormat, FaultSettings
+from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
 from sim.settings import DEFAULT_CONTEXT_LENGTH, SimSettings
 from sim.vocab import DEFAULT_TOKENIZER_DIR
 
 _CAPACITY = "Capacity"
 _OUTPUT = "Output"
 _FAULTS = "Faults"
+
+# typer offers an Enum's values as the choices; SGLang's names are not all identifiers.
+ReasoningFormatName = enum.Enum(  # type: ignore[misc]
+    "ReasoningFormatName", {name.replace("-", "_"): name for name in REASONING_FORMAT_NAMES}, type=str
+)
+_DEFAULT_REASONING_FORMAT = ReasoningFormatName(DEFAULT_REASONING_FORMAT)
 
 
 def sim_command(
@@ -85,6 +93,14 @@ def sim_command(
     context_length: Annotated[
         int, typer.Option(min=1, help="Longest prompt in tokens, exclusive.", rich_help_panel=_OUTPUT)
     ] = DEFAULT_CONTEXT_LENGTH,
+    reasoning_format: Annotated[
+        ReasoningFormatName,
+        typer.Option(
+            help="Which reasoning parser's markers the model writes (SGLang's --reasoning-parser names); "
+            "also the parser /v1/chat/completions splits with.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = _DEFAULT_REASONING_FORMAT,
     # -- faults
     http_500_rate: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of requests answered HTTP 500.", rich_help_panel=_FAULTS)
@@ -119,7 +135,8 @@ def sim_command(
         ErrorFormat, typer.Option(help="Which SGLang release's error chunks to send.", rich_help_panel=_FAULTS)
     ] = ErrorFormat.V0_5_23,
 ) -> None:
-    """Run a simulated SGLang server (0.5.23 /generate wire format) with a capacity model and faults."""
+    """Run a simulated SGLang server (0.5.23 /generate and /v1/chat/completions wire formats) with a
+    capacity model and faults."""
     from sim.runner import serve  # uvicorn and starlette load only when serving
 
     serve(
@@ -135,6 +152,7 @@ def sim_command(
             incremental=incremental,
             seed=seed,
             context_length=context_length,
+            reasoning_format=reasoning_format.value,
             tick=tick,
             faults=FaultSettings(
                 http_500_rate=http_500_rate,

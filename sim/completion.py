@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
+from sim.reasoning_formats import reasoning_format as get_reasoning_format
 from sim.vocab import THINK_END, THINK_START, SimVocab
 
 
@@ -40,11 +42,17 @@ class Opening(enum.Enum):
     INSIDE_REASONING = "inside"  # prompt ends with <think> (Kimi-K2.5): output holds only </think>
     THINKING_OFF = "off"  # prompt ends with <think></think>: output is the answer alone
     MODEL_OPENS = "model"  # the model writes <think> itself (DeepSeek-R1 old, Qwen3)
+    # Formats with other markers (kimi's ◁think▷, gpt-oss's channels) always open them
+    # themselves; THINKING_OFF still means content only, for every format.
 
 
 @dataclass(frozen=True)
 class CompletionPlan:
-    """One completion, as SGLang would report it: the matched EOS is trimmed but counted."""
+    """One completion, as SGLang would report it: the matched stop token is trimmed but counted.
+
+    `output_ids[reasoning_start:reasoning_end]` are the reasoning words and
+    `output_ids[content_start:]` the content words; every other id is a marker.
+    """
 
     output_ids: list[int]
     finish_reason: dict[str, Any]
@@ -54,6 +62,9 @@ class CompletionPlan:
     content_text: str
     reasoning_start: int
     opening: Opening
+    reasoning_end: int
+    content_start: int
+    reasoning_format: str
     vocab: SimVocab = field(repr=False, compare=False)
 
     def text(self, skip_special_tokens: bool) -> str:
@@ -71,41 +82,52 @@ def plan_completion(
     max_new_tokens: int,
     lengths: LengthModel,
     vocab: SimVocab,
+    reasoning_format: str = DEFAULT_REASONING_FORMAT,
 ) -> CompletionPlan:
+    """The completion of `prompt`, its markers written as `reasoning_format` (an SGLang parser name)."""
+    fmt = get_reasoning_format(reasoning_format)
     rng = random.Random(completion_seed(prompt, seed))
     words = lengths.draw_words(rng)
     opening = prompt_opening(prompt, vocab)
-    thinking = opening is not Opening.THINKING_OFF
+    thinking = fmt.reasons and opening is not Opening.THINKING_OFF
     n_reasoning, n_content = lengths.split(words) if thinking else (0, words)
-    room = max_new_tokens
-
-    out: list[int] = [vocab.think_start_id][:room] if opening is Opening.MODEL_OPENS else []
     # Words are drawn only as far as the budget reaches; `choices` spends one random() per word,
     # so a smaller max_new_tokens yields a prefix of the same completion.
-    reasoning_start = len(out)
-    out += _draw_words(rng, vocab, min(n_reasoning, room - len(out)))
-    reasoning_end = len(out)
-    if thinking and len(out) < room:
-        out.append(vocab.think_end_id)
-    content_start = len(out)
-    out += _draw_words(rng, vocab, min(n_content, room - len(out)))
-    content_end = len(out)
+    out = _BoundedOutput(max_new_tokens)
 
-    if len(out) < room:
-        finish: dict[str, Any] = {"type": "stop", "matched": vocab.eos_id}
-        completion_tokens = len(out) + 1  # the EOS was generated, then trimmed
+    reasoning_start = reasoning_end = 0
+    if thinking:
+        if not (fmt.prompt_may_open and opening is Opening.INSIDE_REASONING):
+            out.extend(vocab.marker_ids(fmt.reasoning_open))
+        reasoning_start = len(out.ids)
+        out.draw_words(rng, vocab, n_reasoning)
+        reasoning_end = len(out.ids)
+        out.extend(vocab.marker_ids(fmt.reasoning_close))
+    if fmt.content_open:
+        out.extend(vocab.marker_ids(fmt.content_open))
+    content_start = len(out.ids)
+    out.draw_words(rng, vocab, n_content)
+
+    ids = out.ids
+    if out.room:
+        (stop_id,) = vocab.marker_ids(fmt.stop)
+        finish: dict[str, Any] = {"type": "stop", "matched": stop_id}
+        completion_tokens = len(ids) + 1  # the stop token was generated, then trimmed
     else:
         finish = {"type": "length", "length": max_new_tokens}
-        completion_tokens = room
+        completion_tokens = len(ids)
     return CompletionPlan(
-        output_ids=out,
+        output_ids=ids,
         finish_reason=finish,
         completion_tokens=completion_tokens,
         reasoning_tokens=reasoning_end - reasoning_start,
-        reasoning_text=vocab.decode(out[reasoning_start:reasoning_end], skip_special_tokens=False),
-        content_text=vocab.decode(out[content_start:content_end], skip_special_tokens=False),
+        reasoning_text=vocab.decode(ids[reasoning_start:reasoning_end], skip_special_tokens=False),
+        content_text=vocab.decode(ids[content_start:], skip_special_tokens=False),
         reasoning_start=reasoning_start,
         opening=opening,
+        reasoning_end=reasoning_end,
+        content_start=content_start,
+        reasoning_format=fmt.name,
         vocab=vocab,
     )
 
@@ -138,5 +160,20 @@ def _prompt_bytes(prompt: Sequence[int] | str) -> bytes:
     return ids.tobytes()
 
 
-def _draw_words(rng: random.Random, vocab: SimVocab, count: int) -> list[int]:
-    return rng.choices(vocab.word_ids, k=count) if count > 0 else []
+class _BoundedOutput:
+    """Output ids that stop growing at max_new_tokens: a cut may fall inside a marker."""
+
+    def __init__(self, max_new_tokens: int) -> None:
+        self.ids: list[int] = []
+        self.room = max(0, max_new_tokens)
+
+    def extend(self, ids: Sequence[int]) -> None:
+        taken = ids[: self.room]
+        self.ids += taken
+        self.room -= len(taken)
+
+    def draw_words(self, rng: random.Random, vocab: SimVocab, count: int) -> None:
+        count = min(count, self.room)
+        if count > 0:
+            self.ids += rng.choices(vocab.word_ids, k=count)
+            self.room -= count

@@ -4,21 +4,12 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sim.capacity import Capacity
 from sim.completion import CompletionPlan
-from sim.faults import ErrorFormat, Fault, FaultKind
-from sim.wire import (
-    CUDA_ERROR,
-    DONE,
-    QUEUE_FULL,
-    CompletionFrames,
-    abort_finish,
-    http_exception_body,
-    internal_error_chunk,
-    message_error_body,
-)
+from sim.faults import Fault, FaultKind
+from sim.wire import DONE, abort_finish
 
 
 class Responder(Protocol):
@@ -33,17 +24,32 @@ class Responder(Protocol):
     async def close_stream(self, data: bytes) -> None: ...
 
 
+class Frames(Protocol):
+    """One API's bytes for a generation (`/generate`'s or the chat API's), at any token count."""
+
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
+        """The stream's events after `generated` tokens (maybe none); `finish` marks the last."""
+        ...
+
+    def body(self, finish: dict[str, Any] | None = None) -> bytes: ...
+
+    def error_chunk(self) -> bytes: ...
+
+    def abort_response(self) -> tuple[int, bytes]: ...
+
+    def error_response(self) -> tuple[int, bytes]: ...
+
+
 @dataclass(frozen=True)
 class Generation:
     """A validated request, its planned completion and its fate."""
 
     plan: CompletionPlan
-    frames: CompletionFrames
+    frames: Frames
     prompt_tokens: int
     stream: bool
     stream_interval: int
     fault: Fault | None
-    error_format: ErrorFormat
 
     @property
     def end(self) -> int:
@@ -98,18 +104,18 @@ class Engine:
                 sent = counts[-1]
             if ready == end:
                 break
-            if batch:
-                await out.write(b"".join(batch))
-                batch = []
+            if data := b"".join(batch):  # a chat chunk of marker tokens alone has no event
+                await out.write(data)
+            batch = []
             await clock.sleep_until(min(sent + interval if sent else 1, end))
 
         self.capacity.record_tokens(end - sent)
         if fault is FaultKind.STALL:
-            if batch:
-                await out.write(b"".join(batch))
+            if data := b"".join(batch):
+                await out.write(data)
             await _silence()
         if fault is FaultKind.ERROR_CHUNK:
-            batch.append(internal_error_chunk(generation.error_format))
+            batch.append(frames.error_chunk())
         else:
             finish = abort_finish() if fault is FaultKind.ABORT else generation.plan.finish_reason
             batch.append(frames.chunk(end, finish=finish))
@@ -125,9 +131,9 @@ class Engine:
         if fault is FaultKind.STALL:
             await _silence()
         if fault is FaultKind.ABORT:
-            await out.respond(503, http_exception_body(QUEUE_FULL, 503))
+            await out.respond(*generation.frames.abort_response())
         elif fault is FaultKind.ERROR_CHUNK:
-            await out.respond(500, message_error_body(CUDA_ERROR))
+            await out.respond(*generation.frames.error_response())
         else:
             await out.respond(200, generation.frames.body())
         self.capacity.record_finished()

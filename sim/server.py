@@ -1,4 +1,5 @@
-"""The simulated SGLang server's HTTP surface: /generate's validation and the info endpoints."""
+"""The simulated SGLang server's HTTP surface: /generate's and /v1/chat/completions' validation,
+and the info endpoints."""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sim.capacity import Capacity
-from sim.completion import plan_completion
-from sim.engine import Engine, Generation
+from sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
+from sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
+from sim.completion import CompletionPlan, plan_completion
+from sim.engine import Engine, Frames, Generation
 from sim.faults import FaultInjector, FaultKind
 from sim.generation_response import GenerationResponse, read_body
+from sim.reasoning_formats import reasoning_format
 from sim.request import BadRequest, GenerateRequest, InvalidRequest, SchemaError, parse_generate_request
 from sim.settings import SimSettings
 from sim.vocab import SimVocab
@@ -31,6 +35,8 @@ from sim.wire import (
 )
 
 GENERATE_METHODS = ("POST", "PUT")
+CHAT_PATH = "/v1/chat/completions"
+CHAT_METHODS = ("POST",)
 JSON_MEDIA_TYPE = "application/json"
 
 
@@ -40,7 +46,10 @@ class SimServer:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.vocab = SimVocab.from_tokenizer_dir(settings.tokenizer_dir)
+        self.reasoning_format = reasoning_format(settings.reasoning_format)
+        self.reasoning_format.check(self.vocab)  # fail at start, not on the first request
         self.encoder = ChunkEncoder(self.vocab)
+        self.chat_template = ChatTemplate(settings.tokenizer_dir)
         self.capacity = Capacity(settings.capacity)
         self.engine = Engine(self.capacity, tick=settings.tick)
         self.faults = FaultInjector(settings.faults)
@@ -64,11 +73,12 @@ class SimServer:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # /generate carries every token, so it skips Starlette's routing and middleware, which
-        # would otherwise wrap each chunk's `send` in two more coroutines.
-        if scope["type"] == "http" and scope["path"] == "/generate":
+        # The generation routes carry every token, so they skip Starlette's routing and
+        # middleware, which would otherwise wrap each chunk's `send` in two more coroutines.
+        path = scope["path"] if scope["type"] == "http" else None
+        if path == "/generate" or path == CHAT_PATH:
             try:
-                response = await self._generate(scope, receive)
+                response = await (self._generate if path == "/generate" else self._chat)(scope, receive)
             except ClientDisconnect:
                 return  # gone before its request was read
             await response(scope, receive, send)
@@ -95,54 +105,123 @@ class SimServer:
             return self._invalid(str(error), streaming=streaming)
         if generation.fault and generation.fault.kind is FaultKind.HTTP_500:
             return Response(message_error_body("Internal server error"), 500, media_type=JSON_MEDIA_TYPE)
-        self._rids_in_flight.add(rid)
-        return GenerationResponse(
-            self.engine, generation, on_disconnect=self.capacity.record_disconnected,
-            on_done=lambda: self._rids_in_flight.discard(rid),
-        )
+        return self._respond(generation, rid)
 
     def _prepare(self, request: GenerateRequest) -> tuple[Generation, str]:
-        settings = self.settings
         prompt = request.prompt
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(self.vocab.encode(prompt))
-        if prompt_tokens >= settings.context_length:
-            raise InvalidRequest(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                f"({settings.context_length} tokens)."
-            )
-        rid = request.rid if request.rid is not None else uuid.uuid4().hex
-        if rid in self._rids_in_flight:
-            raise InvalidRequest(f"Duplicate request ID detected: {rid}")
-        plan = plan_completion(
-            prompt,
-            seed=request.sampling_seed if request.sampling_seed is not None else settings.seed,
-            max_new_tokens=request.max_new_tokens,
-            lengths=settings.lengths,
-            vocab=self.vocab,
-        )
+        rid = self._admit(prompt_tokens, request.rid)
+        plan = self._plan(prompt, request.sampling_seed, request.max_new_tokens)
         frames = self.encoder.frames(
             plan,
             rid=rid,
             prompt_tokens=prompt_tokens,
             skip_special_tokens=request.skip_special_tokens,
-            incremental=settings.incremental,
+            incremental=self.settings.incremental,
+            error_format=self.settings.faults.error_format,
         )
-        generation = Generation(
-            plan=plan,
-            frames=frames,
-            prompt_tokens=prompt_tokens,
-            stream=request.stream,
-            stream_interval=max(1, request.stream_interval or settings.stream_interval),
-            fault=self.faults.draw(),
-            error_format=settings.faults.error_format,
-        )
-        return generation, rid
+        return self._generation(plan, frames, prompt_tokens, request.stream, request.stream_interval), rid
 
     def _invalid(self, message: str, *, streaming: bool) -> Response:
         if streaming:  # SGLang validates inside the stream, after a 200 went out
             chunk = invalid_request_chunk(message, self.settings.faults.error_format)
             return Response(chunk + DONE, 200, media_type=SSE_MEDIA_TYPE)
         return Response(message_error_body(message), 400, media_type=JSON_MEDIA_TYPE)
+
+    # -- shared by both APIs ------------------------------------------------------------------
+
+    def _admit(self, prompt_tokens: int, rid: str | None, prefix: str = "") -> str:
+        """Check the prompt fits and the rid is free; returns the rid."""
+        if prompt_tokens >= self.settings.context_length:
+            raise InvalidRequest(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({self.settings.context_length} tokens)."
+            )
+        rid = rid if rid is not None else prefix + uuid.uuid4().hex
+        if rid in self._rids_in_flight:
+            raise InvalidRequest(f"Duplicate request ID detected: {rid}")
+        return rid
+
+    def _plan(self, prompt: list[int] | str, seed: int | None, max_new_tokens: int) -> CompletionPlan:
+        return plan_completion(
+            prompt,
+            seed=seed if seed is not None else self.settings.seed,
+            max_new_tokens=max_new_tokens,
+            lengths=self.settings.lengths,
+            vocab=self.vocab,
+            reasoning_format=self.reasoning_format.name,
+        )
+
+    def _generation(
+        self, plan: CompletionPlan, frames: Frames, prompt_tokens: int, stream: bool, stream_interval: int | None
+    ) -> Generation:
+        return Generation(
+            plan=plan,
+            frames=frames,
+            prompt_tokens=prompt_tokens,
+            stream=stream,
+            stream_interval=max(1, stream_interval or self.settings.stream_interval),
+            fault=self.faults.draw(),  # one draw per admitted request, in arrival order
+        )
+
+    def _respond(self, generation: Generation, rid: str) -> ASGIApp:
+        self._rids_in_flight.add(rid)
+        return GenerationResponse(
+            self.engine, generation, on_disconnect=self.capacity.record_disconnected,
+            on_done=lambda: self._rids_in_flight.discard(rid),
+        )
+
+    # -- /v1/chat/completions -----------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive) -> ASGIApp:
+        if scope["method"] not in CHAT_METHODS:
+            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(CHAT_METHODS)})
+        try:
+            body = json.loads(await read_body(receive))
+        except ValueError as error:
+            return _bad_request(f"invalid JSON body: {error}")
+        try:
+            request = parse_chat_request(body)
+            await self.chat_template.load()
+            generation, rid = self._prepare_chat(request, self.chat_template.prompt_ids(request))
+        except BadRequest as error:
+            return _bad_request(str(error))
+        except InvalidRequest as error:
+            # 0.5.23 starts the generator before the 200, so even a stream gets a plain 400.
+            return Response(openai_error_body(str(error)), 400, media_type=JSON_MEDIA_TYPE)
+        if generation.fault and generation.fault.kind is FaultKind.HTTP_500:
+            body = openai_error_body("Internal server error", err_type=INTERNAL_ERROR_TYPE, code=500)
+            return Response(body, 500, media_type=JSON_MEDIA_TYPE)
+        return self._respond(generation, rid)
+
+    def _prepare_chat(self, request: ChatRequest, prompt_ids: list[int]) -> tuple[Generation, str]:
+        settings = self.settings
+        prompt_tokens = len(prompt_ids)
+        if request.max_tokens is not None and request.max_tokens > settings.context_length:
+            raise InvalidRequest(
+                f"max_completion_tokens is too large: {request.max_tokens}."
+                f"This model supports at most {settings.context_length} completion tokens."
+            )
+        rid = self._admit(prompt_tokens, request.rid, prefix="chatcmpl-")
+        # Without a limit SGLang generates up to the context length.
+        max_new_tokens = settings.context_length - prompt_tokens if request.max_tokens is None else request.max_tokens
+        plan = self._plan(prompt_ids, request.seed, max_new_tokens)
+        gpt_oss = self.reasoning_format.name == "gpt-oss"
+        options = ChatOptions(
+            completion_id=rid,
+            created=int(time.time()),
+            model=request.model,
+            prompt_tokens=prompt_tokens,
+            separate_reasoning=request.separate_reasoning and self.reasoning_format.name != "none",
+            # SGLang keeps special tokens for gpt-oss, whose Harmony parser needs them.
+            skip_special_tokens=request.skip_special_tokens and not gpt_oss,
+            stream_reasoning=request.stream_reasoning,
+            include_usage=request.include_usage,
+            continuous_usage_stats=request.continuous_usage_stats,
+        )
+        table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
+        frames = ChatFrames(plan, table=table, options=options)
+        return self._generation(plan, frames, prompt_tokens, request.stream, None), rid
 
     # -- info and health ----------------------------------------------------------------------
 
@@ -160,7 +239,7 @@ class SimServer:
                 "preferred_sampling_params": None,
                 "weight_version": "default",
                 "load_format": "auto",
-                "reasoning_parser": "kimi_k2",
+                "reasoning_parser": self.reasoning_format.name,
                 "tool_call_parser": None,
                 "disaggregation_mode": "null",
                 "has_image_understanding": False,
@@ -178,7 +257,7 @@ class SimServer:
                 "context_length": settings.context_length,
                 "stream_interval": settings.stream_interval,
                 "incremental_streaming_output": settings.incremental,
-                "reasoning_parser": "kimi_k2",
+                "reasoning_parser": self.reasoning_format.name,
                 "random_seed": settings.seed,
                 "sim": {
                     "capacity": asdict(settings.capacity),

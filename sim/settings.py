@@ -7,6 +7,7 @@ from pathlib import Path
 from sim.capacity import CapacitySettings
 from sim.completion import LengthModel
 from sim.faults import FaultSettings
+from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
 from sim.vocab import DEFAULT_TOKENIZER_DIR
 
 DEFAULT_CONTEXT_LENGTH = 32768
@@ -25,6 +26,7 @@ class SimSettings:
     context_length: int = DEFAULT_CONTEXT_LENGTH
     tick: float = 0.02
     faults: FaultSettings = field(default_factory=FaultSettings)
+    reasoning_format: str = DEFAULT_REASONING_FORMAT  # an SGLang --reasoning-parser name
 
     @property
     def url(self) -> str:
@@ -37,5 +39,6 @@ class SimSettings:
             f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, "
             f"length median {lengths.median:g} mean {lengths.mean:g} x{lengths.scale:g}, "
             f"{'incremental' if self.incremental else 'cumulative'} stream every {self.stream_interval}, "
-            f"seed {self.seed}, context {self.context_length}, faults: {self.faults.describe()}"
+            f"reasoning {self.reasoning_format}, seed {self.seed}, context {self.context_length}, "
+            f"faults: {self.faults.describe()}"
         )

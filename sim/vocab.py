@@ -31,6 +31,7 @@ class SimVocab:
     think_end_id: int
     eos_id: int
     tokenizer: Tokenizer = field(repr=False, compare=False)
+    _markers: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer_dir(cls, path: Path | str = DEFAULT_TOKENIZER_DIR) -> SimVocab:
@@ -56,6 +57,20 @@ class SimVocab:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def marker_ids(self, marker: str) -> tuple[int, ...]:
+        """The ids of a marker the model writes (special tokens and words alike), cached."""
+        ids = self._markers.get(marker)
+        if ids is None:
+            ids = self._markers[marker] = tuple(self.encode(marker))
+        return ids
+
+    def special_id(self, token: str) -> int:
+        """The id of a special token, or ValueError if this tokenizer has none by that name."""
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None or token_id not in self.special_ids:
+            raise ValueError(f"the simulator's tokenizer ({self.path}) has no special token {token!r}")
+        return token_id
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
         special = self.special_ids if skip_special_tokens else frozenset()

@@ -42,6 +42,10 @@ class ChunkEncoder:
         )
         self._ids = tuple(str(token_id).encode() for token_id in range(len(vocab.pieces)))
 
+    def text_table(self, *, skip_special_tokens: bool) -> tuple[bytes, ...]:
+        """Each id's text, JSON-escaped without quotes (empty for special ids when skipped)."""
+        return self._text_skipped if skip_special_tokens else self._text_kept
+
     def frames(
         self,
         plan: CompletionPlan,
@@ -50,8 +54,9 @@ class ChunkEncoder:
         prompt_tokens: int,
         skip_special_tokens: bool,
         incremental: bool,
+        error_format: ErrorFormat = ErrorFormat.V0_5_23,
     ) -> CompletionFrames:
-        table = self._text_skipped if skip_special_tokens else self._text_kept
+        table = self.text_table(skip_special_tokens=skip_special_tokens)
         return CompletionFrames(
             plan,
             text_pieces=[table[token_id] for token_id in plan.output_ids],
@@ -59,6 +64,7 @@ class ChunkEncoder:
             rid=rid,
             prompt_tokens=prompt_tokens,
             incremental=incremental,
+            error_format=error_format,
         )
 
 
@@ -74,8 +80,10 @@ class CompletionFrames:
         rid: str,
         prompt_tokens: int,
         incremental: bool,
+        error_format: ErrorFormat = ErrorFormat.V0_5_23,
     ) -> None:
         self.plan = plan
+        self._error_format = error_format
         # Memoryviews, so that a chunk's prefix is copied once, by the join that builds it.
         self._text = memoryview(b"".join(text_pieces))
         self._text_ends = [0, *accumulate(map(len, text_pieces))]
@@ -97,6 +105,18 @@ class CompletionFrames:
     def body(self, finish: dict[str, Any] | None = None) -> bytes:
         """The non-streaming response: everything, first and last at once."""
         return self._response(self.plan.completion_tokens, finish or self.plan.finish_reason, b'{"text":"', b"}}")
+
+    def error_chunk(self) -> bytes:
+        """An internal error striking mid-stream."""
+        return internal_error_chunk(self._error_format)
+
+    def abort_response(self) -> tuple[int, bytes]:
+        """A scheduler abort of a non-streaming request."""
+        return 503, http_exception_body(QUEUE_FULL, 503)
+
+    def error_response(self) -> tuple[int, bytes]:
+        """An internal error of a non-streaming request."""
+        return 500, message_error_body(CUDA_ERROR)
 
     def _response(self, generated: int, finish: dict[str, Any] | None, head: bytes, tail: bytes) -> bytes:
         shown = min(generated, self._output_len)

@@ -1,0 +1,197 @@
+"""SGLang 0.5.23 `/v1/chat/completions` bytes: chunks, the non-streaming response, error bodies.
+
+The server splits reasoning from content itself. The plan knows which output ids are reasoning
+words, content words and markers, so each delta is the exact text a perfect parser recovers:
+`reasoning_content` deltas concatenate to the plan's reasoning, `content` deltas to its content.
+Like `/generate`'s, chunks are byte slices of texts escaped once per request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from sim.completion import CompletionPlan
+from sim.wire import CUDA_ERROR, QUEUE_FULL, dumps, http_exception_body, sse
+
+INTERNAL_ERROR_TYPE = "InternalServerError"
+BAD_REQUEST_TYPE = "BadRequestError"
+
+
+def openai_error(message: str, *, err_type: str, code: int) -> dict[str, Any]:
+    """SGLang's ErrorResponse, the body of the chat API's errors."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def openai_error_body(message: str, *, err_type: str = BAD_REQUEST_TYPE, code: int = 400) -> bytes:
+    return dumps(openai_error(message, err_type=err_type, code=code))
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How one request wants its chat completion shaped."""
+
+    completion_id: str
+    created: int
+    model: str
+    prompt_tokens: int
+    # Reasoning in `reasoning_content`, markers dropped; else all text goes to `content`.
+    separate_reasoning: bool
+    skip_special_tokens: bool
+    stream_reasoning: bool = True
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Span:
+    """The escaped text of output ids [start, stop), sliceable by token range."""
+
+    def __init__(self, pieces: list[bytes], start: int) -> None:
+        self.start, self.stop = start, start + len(pieces)
+        self._text = memoryview(b"".join(pieces))
+        self._ends = [0, *accumulate(map(len, pieces))]
+
+    def between(self, first: int, last: int) -> bytes:
+        """The text of the span's ids among output ids [first, last)."""
+        low, high = max(first, self.start) - self.start, min(last, self.stop) - self.start
+        return bytes(self._text[self._ends[low] : self._ends[high]]) if high > low else b""
+
+
+class ChatFrames:
+    """The chat API's bytes for one request, at any number of generated tokens."""
+
+    def __init__(self, plan: CompletionPlan, *, table: tuple[bytes, ...], options: ChatOptions) -> None:
+        self.plan = plan
+        self._options = options
+        ids = plan.output_ids
+        if options.separate_reasoning:
+            reasoning_ids = ids[plan.reasoning_start : plan.reasoning_end]
+            self._reasoning = _Span([table[i] for i in reasoning_ids], plan.reasoning_start)
+            self._content = _Span([table[i] for i in ids[plan.content_start :]], plan.content_start)
+        else:
+            self._reasoning = _Span([], 0)
+            self._content = _Span([table[i] for i in ids], 0)
+        self._output_len = len(ids)
+        self._shown = 0
+        self._held = b""  # reasoning kept back until it closes, without stream_reasoning
+        self._started = False
+        self._head = (
+            b'data: {"id":' + dumps(options.completion_id) + b',"object":"chat.completion.chunk","created":%d'
+            % options.created + b',"model":' + dumps(options.model) + b',"choices":['
+        )
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
+        """The events after `generated` tokens: the role first, then the reasoning and content
+        deltas; with `finish`, also the finish chunk and the usage chunk."""
+        events = []
+        if not self._started:
+            self._started = True
+            events.append(self._choice(b'{"reasoning_content":null,"role":"assistant","content":""}'))
+        shown = min(generated, self._output_len)
+        first, self._shown = self._shown, shown
+        reasoning = self._held + self._reasoning.between(first, shown)
+        self._held = b""
+        # Without stream_reasoning, SGLang sends the reasoning in one piece once it has closed.
+        if reasoning and not self._options.stream_reasoning and finish is None and shown <= self._reasoning.stop:
+            self._held, reasoning = reasoning, b""
+        usage = self._continuous_usage(generated)
+        if reasoning:
+            events.append(self._choice(b'{"reasoning_content":"' + reasoning + b'"}', usage=usage))
+        if content := self._content.between(first, shown):
+            events.append(self._choice(b'{"reasoning_content":null,"content":"' + content + b'"}', usage=usage))
+        if finish is not None:
+            matched = finish.get("matched")
+            events.append(
+                self._choice(
+                    b'{"reasoning_content":null}', finish_reason=dumps(finish["type"]), matched_stop=dumps(matched)
+                )
+            )
+            if self._options.include_usage:
+                events.append(self._head + b"]," + b'"usage":' + dumps(self._usage(generated)) + b"}\n\n")
+        return b"".join(events)
+
+    def error_chunk(self) -> bytes:
+        return sse(dumps({"error": openai_error(CUDA_ERROR, err_type=INTERNAL_ERROR_TYPE, code=500)}))
+
+    def _choice(
+        self,
+        delta: bytes,
+        *,
+        finish_reason: bytes = b"null",
+        matched_stop: bytes = b"null",
+        usage: bytes = b"",
+    ) -> bytes:
+        return b"".join(
+            (
+                self._head,
+                b'{"index":0,"delta":',
+                delta,
+                b',"logprobs":null,"finish_reason":',
+                finish_reason,
+                b',"matched_stop":',
+                matched_stop,
+                b"}]",
+                usage,
+                b"}\n\n",
+            )
+        )
+
+    def _continuous_usage(self, generated: int) -> bytes:
+        """`continuous_usage_stats`: SGLang adds prompt and completion counts to each delta."""
+        if not self._options.continuous_usage_stats:
+            return b""
+        prompt = self._options.prompt_tokens
+        usage = {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + generated,
+            "completion_tokens": generated,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
+        return b',"usage":' + dumps(usage)
+
+    # -- non-streaming ------------------------------------------------------------------------
+
+    def body(self, finish: dict[str, Any] | None = None) -> bytes:
+        finish = finish or self.plan.finish_reason
+        plan, options = self.plan, self._options
+        if options.separate_reasoning:
+            reasoning, content = plan.reasoning_text, plan.content_text
+        else:
+            reasoning, content = "", plan.text(skip_special_tokens=options.skip_special_tokens)
+        message = {"role": "assistant", "content": content or None, "reasoning_content": reasoning or None,
+                   "tool_calls": None}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish["type"],
+                  "matched_stop": finish.get("matched")}
+        return dumps(
+            {
+                "id": options.completion_id,
+                "object": "chat.completion",
+                "created": options.created,
+                "model": options.model,
+                "choices": [choice],
+                "usage": self._usage(plan.completion_tokens),
+                "metadata": {"weight_version": "default"},
+            }
+        )
+
+    def abort_response(self) -> tuple[int, bytes]:
+        return 503, http_exception_body(QUEUE_FULL, 503)
+
+    def error_response(self) -> tuple[int, bytes]:
+        return 500, openai_error_body(CUDA_ERROR, err_type=INTERNAL_ERROR_TYPE, code=500)
+
+    def _usage(self, generated: int) -> dict[str, Any]:
+        prompt = self._options.prompt_tokens
+        reasoning = self.plan.reasoning_tokens_after(generated)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + generated,
+            "completion_tokens": generated,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": reasoning,
+            "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
+        }
