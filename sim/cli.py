@@ -69,7 +69,8 @@ def sim_command(
         float, typer.Option(min=0.0, help="Multiplies every completion length.", rich_help_panel=_OUTPUT)
     ] = 1.0,
     reasoning_share: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Share of the words that are reasoning.", rich_help_panel=_OUTPUT)
+        float, typer.Option(min=0.0, max=1.0, help="Share of the words that are reasoning (0: empty reasoning).",
+                           rich_help_panel=_OUTPUT)
     ] = 0.7,
     stream_interval: Annotated[
         int,

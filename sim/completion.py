@@ -31,8 +31,9 @@ class LengthModel:
         return max(2, round(rng.lognormvariate(math.log(self.median), sigma) * self.scale))
 
     def split(self, words: int) -> tuple[int, int]:
-        """Reasoning and content word counts, each at least one."""
-        reasoning = max(1, round(words * self.reasoning_share))
+        """Reasoning and content word counts, each at least one; a share of exactly 0 models a
+        reasoning model that closes its thought at once (empty reasoning, the alarm's case)."""
+        reasoning = max(1, round(words * self.reasoning_share)) if self.reasoning_share > 0 else 0
         return reasoning, max(1, words - reasoning)
 
 
