@@ -1,85 +1,188 @@
-"""`genfleet enqueue`: put datasets onto the short/long queues, once."""
+"""`genfleet enqueue`: put datasets onto the short/long queues, each prompt once."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
 
+import redis
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from common.run_state import RunState, connect
+from common.run_state import connect
 from common.settings import get_settings
-from producer.enqueue import DatasetSpec, EnqueueOptions, enqueue_dataset
+from common.tokenizer import TokenizerNotFoundError
+from producer.dry_run import DryRunDestination
+from producer.recovery import find_lost_rows, release_rows
+from producer.enqueue import Destination, enqueue_dataset
+from producer.manifest import (
+    ConfigChanged,
+    Manifest,
+    RunIdentity,
+    resolve_run,
+    tokenizer_fingerprint,
+)
+from producer.progress import EnqueueProgress
 from producer.publisher import TaskPublisher
+from producer.readers import DatasetReadError, open_dataset
+from producer.report import DatasetReport
+from producer.run_config import (
+    CliOptions,
+    ConfigError,
+    DatasetSpec,
+    RunConfig,
+    resolve,
+)
+from producer.run_file import RunFileError, load_run_file
+from producer.summary import (
+    dry_run_table,
+    print_rejections,
+    rejections_table,
+    results_table,
+)
 from producer.templating import PromptTemplater
 
 console = Console(stderr=True)
-MAX_REJECTIONS_SHOWN = 20
 
 
 def enqueue_command(
-    datasets: Annotated[list[str], typer.Argument(help="NAME=PATH, or NAME=PATH:long to pin a partition")],
-    run: Annotated[str, typer.Option(help="Run id: all state and output of the run is keyed by it")],
-    tokenizer: Annotated[str, typer.Option(help="Local model/tokenizer directory with a chat template")],
-    long_threshold: Annotated[Optional[int], typer.Option(
+    datasets: Annotated[list[str] | None, typer.Argument(
+        help="NAME=PATH (a file, a saved HF dataset directory or a glob), NAME=PATH:long to pin a partition",
+        show_default=False)] = None,
+    run: Annotated[str | None, typer.Option(help="Run id: all state and output of the run is keyed by it")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Local model/tokenizer directory with a chat template")] = None,
+    run_file: Annotated[Path | None, typer.Option(
+        help="TOML file naming the datasets and their options; flags override it")] = None,
+    long_threshold: Annotated[int | None, typer.Option(
         help="A prompt goes to 'long' when prompt tokens + short max_new_tokens exceed this")] = None,
-    max_new_tokens_short: Annotated[Optional[int], typer.Option()] = None,
-    max_new_tokens_long: Annotated[Optional[int], typer.Option()] = None,
-    context_length: Annotated[Optional[int], typer.Option(
-        help="Reject prompts whose tokens + max_new_tokens exceed this (default: the tokenizer's)")] = None,
-    temperature: Annotated[Optional[float], typer.Option()] = None,
-    top_p: Annotated[Optional[float], typer.Option()] = None,
-    seed: Annotated[Optional[int], typer.Option(help="sampling_seed sent to SGLang")] = None,
-    thinking: Annotated[Optional[bool], typer.Option(
+    max_new_tokens_short: Annotated[int | None, typer.Option()] = None,
+    max_new_tokens_long: Annotated[int | None, typer.Option()] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="max_new_tokens for every partition")] = None,
+    context_length: Annotated[int | None, typer.Option(
+        help="The model's context in tokens (default: the tokenizer's model_max_length)")] = None,
+    context_rule: Annotated[str | None, typer.Option(
+        help="reserve: reject prompt + max_new_tokens > context; clip: reject prompt >= context, "
+             "lower max_new_tokens to what is left (default: reserve)")] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    top_p: Annotated[float | None, typer.Option()] = None,
+    top_k: Annotated[int | None, typer.Option()] = None,
+    min_p: Annotated[float | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option(help="sampling_seed sent to SGLang")] = None,
+    sampling: Annotated[list[str] | None, typer.Option(
+        help="Any SGLang sampling parameter, KEY=VALUE (VALUE as JSON); repeatable")] = None,
+    thinking: Annotated[bool | None, typer.Option(
         "--thinking/--no-thinking", help="chat_template_kwargs thinking / enable_thinking")] = None,
-    regenerate: Annotated[str, typer.Option(
-        help="last: reply to the last user turn; all: regenerate every assistant turn in order")] = "last",
-    keep_token_ids: Annotated[bool, typer.Option(
-        help="Store the generated token ids in each record (token-exact training data)")] = False,
-    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    chat_template_kwarg: Annotated[list[str] | None, typer.Option(
+        help="A chat template kwarg, KEY=VALUE (VALUE as JSON); repeatable")] = None,
+    regenerate: Annotated[str | None, typer.Option(
+        help="last: reply to the last user turn; all: regenerate every assistant turn in order "
+             "(default: last)")] = None,
+    keep_token_ids: Annotated[bool | None, typer.Option(
+        "--keep-token-ids/--no-keep-token-ids",
+        help="Store the generated token ids in each record (token-exact training data)")] = None,
+    format: Annotated[str | None, typer.Option(
+        "--format", help="Row format: auto, messages, sharegpt, prompt, openai_batch (default: auto)")] = None,
+    prompt_field: Annotated[str | None, typer.Option(
+        help="The field holding the prompt string for --format prompt (default: prompt)")] = None,
+    max_prompts: Annotated[int | None, typer.Option(help="Enqueue at most this many prompts per dataset")] = None,
+    max_tokens_per_dataset: Annotated[int | None, typer.Option(
+        help="Completion-token budget per dataset, enforced by the workers")] = None,
+    max_queue_depth: Annotated[int | None, typer.Option(
+        help="Keep each queue at most this deep, waiting for workers to drain it (0: no limit)")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Rows per batch; each batch is published atomically")] = None,
+    new_run: Annotated[bool, typer.Option(
+        "--new-run", help="If the run exists with another config, enqueue into a fresh run "
+                          "RUN-cfg<hash> instead of refusing")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Read, template and count everything; publish nothing (no Redis needed)")] = False,
+    recover_lost: Annotated[bool, typer.Option(
+        "--recover-lost", help="Re-publish prompts a killed worker lost in transit (enqueued, not done, "
+                               "in no queue); run it when the fleet is drained")] = False,
+    redis_url: Annotated[str | None, typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
-    settings = get_settings()
-    if regenerate not in ("last", "all"):
-        raise typer.BadParameter(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
-    specs = [_parse_spec(text) for text in datasets]
-    template_kwargs = {} if thinking is None else {"thinking": thinking, "enable_thinking": thinking}
-    templater = PromptTemplater(tokenizer, template_kwargs)
-    model_max = getattr(templater.tokenizer, "model_max_length", None)
-    options = EnqueueOptions(
-        run=run,
-        max_new_tokens={"short": max_new_tokens_short or settings.max_new_tokens_short,
-                        "long": max_new_tokens_long or settings.max_new_tokens_long},
-        long_threshold=long_threshold or settings.long_threshold_tokens,
-        context_length=context_length or (model_max if model_max and model_max < 10**8 else None),
-        sampling=_sampling(temperature, top_p, seed),
-        chat_template_kwargs=template_kwargs,
-        keep_token_ids=keep_token_ids,
-        regenerate=regenerate,
+    cli = CliOptions(
+        datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
+        redis_url=redis_url, long_threshold=long_threshold, max_new_tokens_short=max_new_tokens_short,
+        max_new_tokens_long=max_new_tokens_long, max_new_tokens=max_new_tokens, context_length=context_length,
+        context_rule=context_rule,
+        sampling={**_pairs(sampling, "--sampling"),
+                  **_given(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, sampling_seed=seed)},
+        chat_template_kwargs=_pairs(chat_template_kwarg, "--chat-template-kwarg"), thinking=thinking,
+        regenerate=regenerate, keep_token_ids=keep_token_ids, row_format=format, prompt_field=prompt_field,
+        max_prompts=max_prompts, max_tokens_per_dataset=max_tokens_per_dataset, max_queue_depth=max_queue_depth,
+        batch_size=batch_size,
     )
-    url = redis_url or settings.redis_url
-    state = RunState(connect(url), run)
-    publisher = TaskPublisher(url)
-    table = Table(title=f"enqueue · run {run}")
-    for column in ("dataset", "short", "long", "already queued", "rejected"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
     try:
-        for spec in specs:
-            with console.status(f"enqueueing {spec.name} from {spec.path}"):
-                report = enqueue_dataset(spec, templater=templater, state=state,
-                                         publisher=publisher, options=options)
-            for rejection in report.rejected[:MAX_REJECTIONS_SHOWN]:
-                console.print(f"[yellow]rejected[/] {escape(rejection.file)}:{rejection.line}: "
-                              f"{escape(rejection.reason)}", soft_wrap=True)
-            if len(report.rejected) > MAX_REJECTIONS_SHOWN:
-                console.print(f"[yellow]… {len(report.rejected) - MAX_REJECTIONS_SHOWN} more rejections "
-                              f"in {spec.name}[/]")
-            table.add_row(spec.name, str(report.enqueued["short"]), str(report.enqueued["long"]),
-                          str(report.already_queued), str(len(report.rejected)))
-    finally:
-        publisher.close()
-    Console().print(table)
+        config = resolve(cli, load_run_file(run_file) if run_file else None, get_settings())
+        for dataset in config.datasets:
+            open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
+        templater = PromptTemplater(config.tokenizer)
+        if dry_run:
+            _dry_run(config, templater)
+        else:
+            _enqueue(config, templater, new_run=new_run, recover_lost=recover_lost)
+    except (ConfigError, RunFileError, DatasetReadError, ConfigChanged, TokenizerNotFoundError) as error:
+        console.print(f"[red]error:[/] {escape(str(error))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except redis.RedisError as error:
+        # Every batch published so far is complete and marked: running the command again resumes.
+        console.print(f"[red]error:[/] Redis: {escape(str(error))} (every batch published so far is complete: "
+                      "run the command again to resume)", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _enqueue(config: RunConfig, templater: PromptTemplater, *, new_run: bool, recover_lost: bool) -> None:
+    client = connect(config.redis_url)
+    identity = RunIdentity.of(config, tokenizer_fingerprint(config.tokenizer))
+    run = resolve_run(client, config, identity, new_run=new_run)
+    if recover_lost:
+        lost = find_lost_rows(client, run, [dataset.name for dataset in config.datasets])
+        for name, rows in lost.items():
+            console.print(f"recovering {len(rows)} lost prompts of {escape(name)}")
+            release_rows(client, run, name, rows)
+        if not lost:
+            console.print("no lost prompts")
+    if run != config.run:
+        console.print(f"[bold]run {escape(config.run)} has another config: enqueueing into new run "
+                      f"[cyan]{escape(run)}[/][/] (use --run {escape(run)} for status and export)")
+        Manifest(client, config.run).mark_superseded(run)
+    Manifest(client, run).record(config, identity, predecessor=config.run if run != config.run else None)
+    reports: list[DatasetReport] = []
+    started = time.monotonic()
+    with EnqueueProgress(console) as progress:
+        publisher = TaskPublisher(config.redis_url, client, run, max_queue_depth=config.max_queue_depth,
+                                  on_wait=progress.waiting)
+        try:
+            for dataset in config.datasets:
+                reports.append(_one_dataset(config, run, dataset, templater, publisher, progress))
+        finally:
+            publisher.close()
+    Console().print(results_table(run, reports, time.monotonic() - started))
+
+
+def _dry_run(config: RunConfig, templater: PromptTemplater) -> None:
+    reports: list[DatasetReport] = []
+    destination = DryRunDestination()
+    with EnqueueProgress(console) as progress:
+        for dataset in config.datasets:
+            reports.append(_one_dataset(config, config.run, dataset, templater, destination, progress))
+    out = Console()
+    out.print(dry_run_table(reports))
+    rejected = rejections_table(reports)
+    if rejected is not None:
+        out.print(rejected)
+
+
+def _one_dataset(config: RunConfig, run: str, dataset: Any, templater: PromptTemplater,
+                 destination: Destination, progress: EnqueueProgress) -> DatasetReport:
+    on_rows = progress.dataset(dataset.name, open_dataset(dataset.source).known_rows())
+    report = enqueue_dataset(dataset, config, run, templater=templater, destination=destination,
+                             context_length=config.context_length or templater.context_length, on_rows=on_rows)
+    print_rejections(console, report)
+    return report
 
 
 def _parse_spec(text: str) -> DatasetSpec:
@@ -89,6 +192,19 @@ def _parse_spec(text: str) -> DatasetSpec:
         raise typer.BadParameter(str(error)) from None
 
 
-def _sampling(temperature: float | None, top_p: float | None, seed: int | None) -> dict:
-    given = {"temperature": temperature, "top_p": top_p, "sampling_seed": seed}
-    return {key: value for key, value in given.items() if value is not None}
+def _pairs(items: list[str] | None, flag: str) -> dict[str, Any]:
+    """KEY=VALUE flags; VALUE is read as JSON when it is JSON (numbers, true/false), else as text."""
+    pairs: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            pairs[key] = json.loads(value)
+        except ValueError:
+            pairs[key] = value
+    return pairs
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}

@@ -1,145 +1,183 @@
-"""Enqueues a dataset once: read, normalise, template, count, partition, publish the prompts not yet
-enqueued or done. Running it again on the same input publishes nothing new."""
+"""Enqueues one dataset, a batch of rows at a time: read → normalise → id and dedupe → skip what is
+already queued or done → template and count → partition and check the context → encode → publish
+atomically. Running it again on the same input publishes nothing new; after a kill, exactly the rest.
+"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import islice
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from common.queues import PARTITIONS
 from common.records import TaskPayload
-from common.run_state import RunState
-from producer.conversations import RowRejected, prompt_messages, to_messages
-from producer.partitioning import choose_partition, prompt_id
-from producer.publisher import TaskPublisher
-from producer.readers import MalformedRow, SourceRow, read_dataset
+from producer.conversations import RowRejected, prompt_messages, read_row
+from producer.ids import DuplicateIds, row_key
+from producer.partitioning import choose_partition
+from producer.publisher import OutgoingTask, PublishResult, RowRejection
+from producer.readers import MalformedRow, SourceRow, open_dataset
+from producer.report import DatasetReport, rejection_kind
+from producer.run_config import DatasetConfig, RunConfig
 from producer.templating import PromptTemplater
 
-BATCH_ROWS = 512
+
+class Destination(Protocol):
+    """Where encoded tasks go: Redis (`TaskPublisher`) or nowhere (`DryRunDestination`)."""
+
+    def claims(self, dataset: str, rows: list[int]) -> tuple[set[int], set[int]]:
+        """(rows already enqueued, rows already done) among `rows`."""
+
+    def encode(self, row: int, partition: str, payload: dict[str, Any], argsrepr: str) -> OutgoingTask: ...
+
+    def publish(self, dataset: str, tasks: list[OutgoingTask], rejections: list[RowRejection]) -> PublishResult: ...
 
 
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str
-    path: Path
-    pinned: str | None = None  # "short" | "long" | None (by length)
-
-    @classmethod
-    def parse(cls, text: str) -> DatasetSpec:
-        """`NAME=PATH` or `NAME=PATH:long` / `NAME=PATH:short`."""
-        name, sep, rest = text.partition("=")
-        if not sep or not name or not rest:
-            raise ValueError(f"dataset {text!r}: expected NAME=PATH or NAME=PATH:long")
-        pinned = None
-        path, colon, suffix = rest.rpartition(":")
-        if colon and suffix in PARTITIONS:
-            rest, pinned = path, suffix
-        return cls(name, Path(rest), pinned)
-
-
-@dataclass(frozen=True)
-class EnqueueOptions:
-    run: str
-    max_new_tokens: dict[str, int]  # per partition
-    long_threshold: int
-    context_length: int | None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    keep_token_ids: bool = False
-    # "last": generate the reply to the conversation up to its last user turn;
-    # "all": every assistant turn, in order (the worker templates each turn).
-    regenerate: str = "last"
-
-
-@dataclass
-class Rejection:
-    file: str
-    line: int
-    reason: str
-
-
-@dataclass
-class EnqueueReport:
-    dataset: str
-    enqueued: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PARTITIONS})
-    already_queued: int = 0
-    rejected: list[Rejection] = field(default_factory=list)
-
-    @property
-    def total_enqueued(self) -> int:
-        return sum(self.enqueued.values())
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Candidate:
     source: SourceRow
     id: str
     messages: list[dict[str, Any]]
+    max_tokens: int | None  # the row's own cap (OpenAI Batch `max_tokens`)
 
 
-def enqueue_dataset(spec: DatasetSpec, *, templater: PromptTemplater, state: RunState,
-                    publisher: TaskPublisher, options: EnqueueOptions) -> EnqueueReport:
-    report = EnqueueReport(spec.name)
-    state.register_dataset(spec.name, str(spec.path))
-    rows = read_dataset(spec.path)
-    while batch := list(islice(rows, BATCH_ROWS)):
-        candidates = []
-        for item in batch:
-            try:
-                candidates.append(_candidate(spec.name, item, options.regenerate))
-            except RowRejected as error:
-                _reject(report, state, spec.name, item, str(error))
-        fresh_rows = set(state.unclaimed_rows(spec.name, [c.source.row for c in candidates]))
-        report.already_queued += len(candidates) - len(fresh_rows)
-        fresh = [c for c in candidates if c.source.row in fresh_rows]
-        if fresh:
-            payloads = _payloads(spec, fresh, templater, options, report, state)
-            publisher.publish(payloads)
-            state.mark_enqueued(spec.name, (p.row for p in payloads))
-            for payload in payloads:
-                report.enqueued[payload.partition] += 1
+def enqueue_dataset(dataset: DatasetConfig, config: RunConfig, run: str, *, templater: PromptTemplater,
+                    destination: Destination, context_length: int | None,
+                    on_rows: Callable[[int], None] | None = None) -> DatasetReport:
+    """`context_length`: the model's, already resolved (flag, run file or tokenizer)."""
+    report = DatasetReport(dataset.name, run)
+    rows = open_dataset(dataset.source).rows()
+    batch_pass = _BatchPass(dataset, config, run, templater, destination, context_length, report)
+    # Batch k is published on a thread (waiting on Redis, not holding the GIL) while batch k+1 is
+    # templated: one batch in flight, in order, each still one atomic publish.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="genfleet-publish") as publishing:
+        in_flight: Future[PublishResult] | None = None
+        while batch := list(islice(rows, config.batch_rows)):
+            report.rows_read += len(batch)
+            tasks, rejections, cut = batch_pass.prepare(batch)
+            if in_flight is not None:
+                _account(report, in_flight.result())
+            in_flight = publishing.submit(destination.publish, dataset.name, tasks, rejections)
+            if on_rows is not None:
+                on_rows(len(batch))
+            if cut:
+                report.cut_at_max_prompts = True
+                break
+        if in_flight is not None:
+            _account(report, in_flight.result())
     return report
 
 
-def _candidate(dataset: str, item: SourceRow | MalformedRow, regenerate: str) -> _Candidate:
-    if isinstance(item, MalformedRow):
-        raise RowRejected(item.reason)
-    messages = to_messages(item.data)
-    prompt = prompt_messages(messages)  # rejects a conversation without a user turn
-    return _Candidate(item, prompt_id(dataset, item.data, item.row), messages if regenerate == "all" else prompt)
+def _account(report: DatasetReport, result: PublishResult) -> None:
+    for partition, count in result.published.items():
+        report.enqueued[partition] += count
+    report.already_queued += result.claimed
 
 
-def _payloads(spec: DatasetSpec, fresh: list[_Candidate], templater: PromptTemplater,
-              options: EnqueueOptions, report: EnqueueReport, state: RunState) -> list[TaskPayload]:
-    token_ids = templater.render([c.messages for c in fresh])
-    now = time.time()
-    payloads = []
-    for candidate, ids in zip(fresh, token_ids, strict=True):
-        partition = choose_partition(len(ids), pinned=spec.pinned,
-                                     max_new_tokens_short=options.max_new_tokens["short"],
-                                     long_threshold=options.long_threshold)
-        max_new_tokens = options.max_new_tokens[partition]
-        if options.context_length and len(ids) + max_new_tokens > options.context_length:
-            reason = (f"prompt too long: {len(ids)} prompt tokens + {max_new_tokens} max new tokens "
-                      f"> context length {options.context_length}")
-            _reject(report, state, spec.name, candidate.source, reason)
-            continue
-        payloads.append(TaskPayload(
-            run=options.run, id=candidate.id, dataset=spec.name, row=candidate.source.row,
-            partition=partition, prompt_tokens=len(ids), max_new_tokens=max_new_tokens,
-            messages=candidate.messages, sampling=dict(options.sampling),
+class _BatchPass:
+    """The per-batch steps; holds what lives across batches (dedupe, the max_prompts count)."""
+
+    def __init__(self, dataset: DatasetConfig, config: RunConfig, run: str, templater: PromptTemplater,
+                 destination: Destination, context_length: int | None, report: DatasetReport) -> None:
+        self.dataset, self.config, self.run = dataset, config, run
+        self.templater, self.destination, self.report = templater, destination, report
+        self.context_length = context_length
+        self.duplicates = DuplicateIds()
+        self.accepted = 0  # prompts toward max_prompts: enqueued now, or by an earlier run
+
+    def prepare(self, batch: list[SourceRow | MalformedRow]) -> tuple[list[OutgoingTask], list[RowRejection], bool]:
+        """The batch's encoded tasks and rejections, and whether max_prompts is reached (stop reading)."""
+        rejections: list[RowRejection] = []
+        candidates = [c for c in (self._candidate(item, rejections) for item in batch) if c is not None]
+        # Earlier batches may still be publishing: their rows are others, so this answer holds.
+        enqueued, done = self.destination.claims(self.dataset.name, [c.source.row for c in candidates])
+        fresh = [c for c in candidates if c.source.row not in enqueued and c.source.row not in done]
+        token_ids = iter(self.templater.render([c.messages for c in fresh], self.dataset.chat_template_kwargs))
+        tasks: list[OutgoingTask] = []
+        now = time.time()
+        cut_row = None
+        for candidate in candidates:
+            row = candidate.source.row
+            if row in enqueued or row in done:
+                self.report.already_queued += row in enqueued
+                self.report.already_done += row in done
+                self.accepted += 1
+            else:
+                task = self._task(candidate, next(token_ids), now, rejections)
+                if task is None:
+                    continue
+                tasks.append(task)
+                self.accepted += 1
+            if self.dataset.max_prompts is not None and self.accepted >= self.dataset.max_prompts:
+                cut_row = row
+                break
+        if cut_row is not None:  # rows after the cut were never considered: no verdict on them
+            rejections = [r for r in rejections if r.row < cut_row]
+        for rejection in rejections:
+            self.report.reject(rejection, rejection_kind(rejection.reason))
+        return tasks, rejections, cut_row is not None
+
+    def _candidate(self, item: SourceRow | MalformedRow, rejections: list[RowRejection]) -> _Candidate | None:
+        if isinstance(item, MalformedRow):
+            rejections.append(RowRejection(item.row, item.file, item.line, item.reason))
+            return None
+        try:
+            key = row_key(item.data, item.row)
+            prompt = read_row(item.data, self.dataset.row_format, self.dataset.prompt_field)
+            last_turn = prompt_messages(prompt.messages)  # also: a conversation needs a user turn
+        except RowRejected as error:
+            rejections.append(RowRejection(item.row, item.file, item.line, str(error)))
+            return None
+        if self.duplicates.is_duplicate(key):
+            rejections.append(RowRejection(item.row, item.file, item.line,
+                                           f"duplicate id {key.text!r}: an earlier row has it (only that one is enqueued)"))
+            return None
+        messages = prompt.messages if self.config.regenerate == "all" else last_turn
+        return _Candidate(item, f"{self.dataset.name}/{key.text}", messages, prompt.max_tokens)
+
+    def _task(self, candidate: _Candidate, ids: list[int], now: float,
+              rejections: list[RowRejection]) -> OutgoingTask | None:
+        dataset, prompt_tokens = self.dataset, len(ids)
+        row_cap = candidate.max_tokens
+        short_need = dataset.max_new_tokens["short"] if row_cap is None else min(row_cap, dataset.max_new_tokens["short"])
+        partition = choose_partition(prompt_tokens, pinned=dataset.pinned, max_new_tokens_short=short_need,
+                                     long_threshold=self.config.long_threshold)
+        max_new_tokens = dataset.max_new_tokens[partition]
+        if row_cap is not None:
+            max_new_tokens = min(max_new_tokens, row_cap)
+        too_long = self._too_long(prompt_tokens, max_new_tokens)
+        if too_long:
+            source = candidate.source
+            rejections.append(RowRejection(source.row, source.file, source.line, too_long))
+            return None
+        if self.context_length is not None and self.config.context_rule == "clip":
+            max_new_tokens = min(max_new_tokens, self.context_length - prompt_tokens)
+        payload = TaskPayload(
+            run=self.run, id=candidate.id, dataset=dataset.name, row=candidate.source.row, partition=partition,
+            prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, messages=candidate.messages,
             # With every turn regenerated, the worker templates each turn itself.
-            input_ids=list(ids) if options.regenerate == "last" else None,
-            chat_template_kwargs=dict(options.chat_template_kwargs), enqueued_at=now,
-            keep_token_ids=options.keep_token_ids, regenerate=options.regenerate,
-        ))
-    return payloads
+            input_ids=ids if self.config.regenerate == "last" else None,
+            sampling=dataset.sampling, chat_template_kwargs=dataset.chat_template_kwargs, enqueued_at=now,
+            keep_token_ids=self.config.keep_token_ids, regenerate=self.config.regenerate,
+            max_tokens_per_dataset=dataset.max_tokens_per_dataset,
+        )
+        # What Flower shows: the id and size, never the whole prompt.
+        argsrepr = f"{candidate.id} {partition} {prompt_tokens} prompt tokens"
+        # A dataclass's __dict__ is asdict() without the deep copy of every message.
+        task = self.destination.encode(candidate.source.row, partition, payload.__dict__, argsrepr)
+        self.report.prompt_tokens[partition].append(prompt_tokens)
+        self.report.message_bytes[partition] += len(task.message)
+        return task
 
-
-def _reject(report: EnqueueReport, state: RunState, dataset: str,
-            item: SourceRow | MalformedRow, reason: str) -> None:
-    report.rejected.append(Rejection(item.file, item.line, reason))
-    state.record_rejection(dataset, item.row, item.file, item.line, reason)
-
+    def _too_long(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
+        context = self.context_length
+        if context is None:
+            return None
+        if self.config.context_rule == "clip":
+            if prompt_tokens >= context:
+                return f"prompt too long: {prompt_tokens} prompt tokens >= context length {context}"
+            return None
+        if prompt_tokens + max_new_tokens > context:
+            return (f"prompt too long: {prompt_tokens} prompt tokens + {max_new_tokens} max new tokens "
+                    f"> context length {context}")
+        return None

@@ -9,9 +9,3 @@ def choose_partition(prompt_tokens: int, *, pinned: str | None, max_new_tokens_s
     if pinned is not None:
         return pinned
     return LONG if prompt_tokens + max_new_tokens_short > long_threshold else SHORT
-
-
-def prompt_id(dataset: str, data: dict, row: int) -> str:
-    """`{dataset}/{key}`: the row's own id (or OpenAI batch custom_id), else its row index."""
-    key = data.get("id", data.get("custom_id"))
-    return f"{dataset}/{key if key is not None else row}"

@@ -1,0 +1,198 @@
+"""The effective config of one `genfleet enqueue`: command-line flags over the run file over
+`GENFLEET_*` settings over defaults, resolved once into typed, immutable objects.
+
+Precedence, first given wins: a flag; the dataset's table in the run file; the run file's top level;
+the environment (`Settings`); the default. Within one level the more specific key wins
+(`max_new_tokens_long` over `max_new_tokens`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.queues import PARTITIONS
+from common.settings import Settings
+from producer.conversations import ROW_FORMATS
+from producer.run_file import DatasetEntry, RunFile
+
+T = TypeVar("T")
+CONTEXT_RULES = ("reserve", "clip")
+
+
+class ConfigError(ValueError):
+    """The options contradict each other or lack something; the message says what to pass."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset given on the command line: `NAME=PATH`, or `NAME=PATH:long` / `:short` to pin it."""
+    name: str
+    path: Path
+    pinned: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> DatasetSpec:
+        name, sep, rest = text.partition("=")
+        if not sep or not name or not rest:
+            raise ValueError(f"dataset {text!r}: expected NAME=PATH or NAME=PATH:long")
+        pinned = None
+        path, colon, suffix = rest.rpartition(":")
+        if colon and suffix in PARTITIONS:
+            rest, pinned = path, suffix
+        return cls(name, Path(rest), pinned)
+
+
+@dataclass(frozen=True)
+class CliOptions:
+    """What the command line said; None where it said nothing."""
+    datasets: tuple[DatasetSpec, ...] = ()
+    run: str | None = None
+    tokenizer: str | None = None
+    redis_url: str | None = None
+    long_threshold: int | None = None
+    max_new_tokens_short: int | None = None
+    max_new_tokens_long: int | None = None
+    max_new_tokens: int | None = None
+    context_length: int | None = None
+    context_rule: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking: bool | None = None
+    regenerate: str | None = None
+    keep_token_ids: bool | None = None
+    row_format: str | None = None
+    prompt_field: str | None = None
+    max_prompts: int | None = None
+    max_tokens_per_dataset: int | None = None
+    max_queue_depth: int | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+    source: str  # file, saved-dataset directory or glob
+    pinned: str | None
+    row_format: str
+    prompt_field: str
+    max_prompts: int | None
+    max_new_tokens: dict[str, int]  # per partition
+    max_tokens_per_dataset: int | None
+    sampling: dict[str, Any]
+    chat_template_kwargs: dict[str, Any]
+
+    def identity(self) -> dict[str, Any]:
+        """What decides this dataset's prompts and completions: a re-run must not change it.
+        Not in it: the source path (files move), the pin, `max_prompts` (a re-run may raise it)."""
+        return {
+            "row_format": self.row_format, "prompt_field": self.prompt_field,
+            "max_new_tokens": dict(self.max_new_tokens), "max_tokens_per_dataset": self.max_tokens_per_dataset,
+            "sampling": dict(self.sampling), "chat_template_kwargs": dict(self.chat_template_kwargs),
+        }
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run: str
+    tokenizer: str
+    redis_url: str
+    datasets: tuple[DatasetConfig, ...]
+    long_threshold: int
+    context_length: int | None  # None: the tokenizer's model_max_length
+    # "reserve": reject a prompt when prompt + max_new_tokens exceeds the context;
+    # "clip": reject only a prompt that fills the context, and lower max_new_tokens to what is left.
+    context_rule: str
+    regenerate: str
+    keep_token_ids: bool
+    reasoning_parser: str
+    max_queue_depth: int  # 0: unlimited
+    batch_rows: int
+
+    def identity(self) -> dict[str, Any]:
+        """Run-wide settings that decide completions (the tokenizer's fingerprint is added to it)."""
+        return {"regenerate": self.regenerate, "keep_token_ids": self.keep_token_ids,
+                "reasoning_parser": self.reasoning_parser}
+
+
+def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> RunConfig:
+    top = run_file or RunFile()
+    run = _first(cli.run, top.run)
+    tokenizer = _first(cli.tokenizer, top.tokenizer)
+    if not run:
+        raise ConfigError("no run id: pass --run R (or `run = \"R\"` in the run file)")
+    if not tokenizer:
+        raise ConfigError("no tokenizer: pass --tokenizer DIR (or `tokenizer = \"DIR\"` in the run file)")
+    context_rule = _first(cli.context_rule, top.context_rule, "reserve")
+    if context_rule not in CONTEXT_RULES:
+        raise ConfigError(f"--context-rule must be one of {', '.join(CONTEXT_RULES)}, not {context_rule!r}")
+    regenerate = _first(cli.regenerate, top.regenerate, "last")
+    if regenerate not in ("last", "all"):
+        raise ConfigError(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
+    if cli.row_format is not None and cli.row_format not in ROW_FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(ROW_FORMATS)}, not {cli.row_format!r}")
+    return RunConfig(
+        run=run, tokenizer=tokenizer,
+        redis_url=_first(cli.redis_url, top.redis_url, settings.redis_url),
+        datasets=_datasets(cli, top, settings),
+        long_threshold=_first(cli.long_threshold, top.long_threshold, settings.long_threshold_tokens),
+        context_length=_first(cli.context_length, top.context_length),
+        context_rule=context_rule, regenerate=regenerate,
+        keep_token_ids=_first(cli.keep_token_ids, top.keep_token_ids, False),
+        reasoning_parser=settings.reasoning_parser,
+        max_queue_depth=_first(cli.max_queue_depth, top.max_queue_depth, settings.max_queue_depth),
+        batch_rows=_first(cli.batch_size, top.batch_size, settings.enqueue_batch_rows),
+    )
+
+
+def _datasets(cli: CliOptions, top: RunFile, settings: Settings) -> tuple[DatasetConfig, ...]:
+    on_command_line = {spec.name: spec for spec in cli.datasets}
+    names = list(top.datasets) + [name for name in on_command_line if name not in top.datasets]
+    if not names:
+        raise ConfigError("no datasets: pass NAME=PATH arguments or [datasets.NAME] tables in a run file")
+    configs = []
+    for name in names:
+        if "/" in name or ":" in name:
+            raise ConfigError(f"dataset name {name!r} may not contain '/' or ':' (they delimit ids and keys)")
+        spec, entry = on_command_line.get(name), top.datasets.get(name)
+        configs.append(_dataset(name, spec, entry or DatasetEntry(path=str(spec.path)), cli, top, settings))
+    return tuple(configs)
+
+
+def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliOptions, top: RunFile,
+             settings: Settings) -> DatasetConfig:
+    defaults = {"short": settings.max_new_tokens_short, "long": settings.max_new_tokens_long}
+    per_partition = {"short": (cli.max_new_tokens_short, top.max_new_tokens_short),
+                     "long": (cli.max_new_tokens_long, top.max_new_tokens_long)}
+    max_new_tokens = {
+        partition: _first(per_partition[partition][0], cli.max_new_tokens, entry.max_new_tokens,
+                          per_partition[partition][1], top.max_new_tokens, defaults[partition])
+        for partition in PARTITIONS
+    }
+    return DatasetConfig(
+        name=name,
+        source=str(spec.path) if spec is not None else entry.path,
+        pinned=_first(spec.pinned if spec is not None else None, entry.partition),
+        row_format=_first(cli.row_format, entry.format, top.format, "auto"),
+        prompt_field=_first(cli.prompt_field, entry.prompt_field, top.prompt_field, "prompt"),
+        max_prompts=_first(cli.max_prompts, entry.max_prompts, top.max_prompts),
+        max_new_tokens=max_new_tokens,
+        max_tokens_per_dataset=_first(cli.max_tokens_per_dataset, entry.max_tokens_per_dataset,
+                                      top.max_tokens_per_dataset),
+        sampling={**top.sampling, **entry.sampling, **cli.sampling},
+        chat_template_kwargs={**top.chat_template_kwargs, **_thinking(top.thinking),
+                              **entry.chat_template_kwargs, **_thinking(entry.thinking),
+                              **cli.chat_template_kwargs, **_thinking(cli.thinking)},
+    )
+
+
+def _thinking(value: bool | None) -> dict[str, bool]:
+    # Templates disagree on the name: Kimi/DeepSeek read `thinking`, Qwen3 `enable_thinking`.
+    return {} if value is None else {"thinking": value, "enable_thinking": value}
+
+
+def _first(*values: T | None) -> T | None:
+    for value in values:
+        if value is not None:
+            return value
+    return None
