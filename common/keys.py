@@ -16,7 +16,7 @@ class RunKeys:
 
     @property
     def manifest(self) -> str:
-        """Hash: run config (tokenizer, parser, config hash, created_at)."""
+        """Hash: run config (tokenizer, parser, config hash, created_at); fields in `ManifestFields`."""
         return f"{self.base}:manifest"
 
     @property
@@ -44,3 +44,88 @@ class RunKeys:
     def dead_letters(self) -> str:
         """Hash: prompt id -> msgpack dead letter (payload, error class, message, attempts, ...)."""
         return f"{self.base}:dead"
+
+    # --- what `genfleet status` reads to show rates, lengths and ETA (written by the workers) ----
+    def rate_bucket(self, minute: int) -> str:
+        """Hash for one wall-clock minute (unix time // 60): `{req|tok|err}:{partition}:{dataset}`
+        -> prompts finished, completion tokens generated, failed attempts. Expires after
+        `RATE_BUCKET_TTL_S`, so a run keeps at most two hours of them whatever its length."""
+        return f"{self.base}:rate:{minute}"
+
+    def lengths(self, dataset: str) -> str:
+        """Hash: log-spaced bucket index -> finished prompts whose completion fell in it (see
+        `common/length_histogram.py`); at most ~170 fields per dataset, kept for the run's life."""
+        return f"{self.base}:lengths:{dataset}"
+
+    @property
+    def partition_done(self) -> str:
+        """Hash: `{partition}:{dataset}` -> prompts finished on that partition's workers."""
+        return f"{self.base}:partition-done"
+
+    @property
+    def activity(self) -> str:
+        """Hash: `first` / `last` -> unix time the run's first / latest prompt finished."""
+        return f"{self.base}:activity"
+
+
+# Rate buckets outlive the longest window `status` shows (10 min) by far: two hours.
+RATE_BUCKET_TTL_S = 2 * 3600
+
+
+# --- fleet-wide keys (not per run) --------------------------------------------------------------
+# kombu's Redis transport emulates acks with these two (default names, no global_keyprefix).
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"
+# Zset: kombu delivery tag -> lease expiry (unix time), renewed by the holding worker's heartbeat.
+LEASES = f"{PREFIX}:leases"
+# Only one reaper scans at a time, fleet-wide.
+REAPER_LOCK = f"{PREFIX}:reaper-lock"
+# Zset: worker name -> unix time of its latest beacon; the beacon itself is `worker_beacon(name)`.
+WORKER_BEACONS = f"{PREFIX}:workers"
+
+
+def worker_beacon(name: str) -> str:
+    """String (JSON, expires): a live worker's upstream health and tasks in flight per run, dataset
+    and partition; it vanishes with its worker, so a dead worker's view never lingers."""
+    return f"{PREFIX}:worker:{name}"
+
+
+class ManifestFields:
+    """Field names inside a run's manifest hash, shared by the producer (writes) and workers (read)."""
+    CREATED_AT = "created_at"
+    CONFIG = "config"  # JSON: the run-wide config the producer hashed
+    CONFIG_HASH = "config_hash"
+    TOKENIZER_DIR = "tokenizer_dir"  # where the producer read the tokenizer (not hashed)
+    # With `enqueue --new-run`: the run that replaced this one, and the one this run replaced.
+    SUCCESSOR = "successor"
+    PREDECESSOR = "predecessor"
+
+    @staticmethod
+    def source(dataset: str) -> str:
+        return f"source:{dataset}"
+
+    @staticmethod
+    def dataset_config(dataset: str) -> str:
+        """JSON: the dataset's own config (sampling, max_new_tokens, template kwargs, budget, ...)."""
+        return f"dataset:{dataset}"
+
+    @staticmethod
+    def dataset_config_hash(dataset: str) -> str:
+        return f"dataset_hash:{dataset}"
+
+    @staticmethod
+    def budget(dataset: str) -> str:
+        """Integer: completion tokens the dataset may generate (absent: no budget)."""
+        return f"max_tokens_per_dataset:{dataset}"
+
+
+# --- Celery's keys in the broker Redis (kombu's Redis transport names them; we only write them) ---
+def queue_list(queue: str) -> str:
+    """List of a queue's messages at the default priority: kombu LPUSHes there, workers BRPOP."""
+    return queue
+
+
+def celery_event_channel(db: int, routing_key: str) -> str:
+    """Pub/sub channel of Celery's `celeryev` fanout exchange (kombu's `fanout_patterns`), e.g.
+    `/0.celeryev/task.sent`, where Flower listens for task events."""
+    return f"/{db}.celeryev/{routing_key}"

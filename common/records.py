@@ -32,6 +32,10 @@ class TaskPayload:
     keep_token_ids: bool = False
     # "last": reply to the prompt in `messages`; "all": regenerate every assistant turn.
     regenerate: str = "last"
+    # Completion tokens the whole dataset may generate (workers skip prompts past it); None: no cap.
+    max_tokens_per_dataset: int | None = None
+    # The upstream the previous attempt failed on: a retry prefers another one.
+    failed_upstream: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +90,9 @@ class CompletionRecord:
     output_ids: list[int] | None = None
     # With `--regenerate all`: every generated turn in order (reasoning, content, finish, usage).
     turns: list[dict[str, Any]] | None = None
+    # The prompt's row index in its dataset (the bit in the run's done bitmap): lets export
+    # reconcile shards against Redis.
+    row: int | None = None
 
     def to_json_line(self) -> bytes:
         data = asdict(self)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Iterable
 
 import msgpack
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
-from common.keys import RunKeys
+from common.keys import ManifestFields, RunKeys
 from common.records import TaskPayload
 
 COUNTER_FIELDS = (
@@ -66,26 +67,42 @@ class RunState:
     # --- producer side -------------------------------------------------------------------
     def register_dataset(self, dataset: str, source: str) -> None:
         self.redis.sadd(self.keys.datasets, dataset)
-        self.redis.hsetnx(self.keys.manifest, f"source:{dataset}", source)
-        self.redis.hsetnx(self.keys.manifest, "created_at", time.time())
+        self.redis.hsetnx(self.keys.manifest, ManifestFields.source(dataset), source)
+        self.redis.hsetnx(self.keys.manifest, ManifestFields.CREATED_AT, time.time())
+
+    def row_claims(self, dataset: str, rows: list[int]) -> tuple[set[int], set[int]]:
+        """Which of `rows` are already enqueued (not done yet) and which are done.
+
+        Reads one byte range of each bitmap: a producer's batch is a run of nearby rows, so this
+        is two round trips' worth of work for any batch size instead of two GETBITs per row."""
+        if not rows:
+            return set(), set()
+        first, last = min(rows) >> 3, max(rows) >> 3
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.getrange(self.keys.enqueued(dataset), first, last)
+        pipe.getrange(self.keys.done(dataset), first, last)
+        enqueued_bits, done_bits = pipe.execute()
+        enqueued, done = set(), set()
+        for row in rows:
+            offset, mask = (row >> 3) - first, 0x80 >> (row & 7)  # Redis bitmaps are MSB first
+            if offset < len(done_bits) and done_bits[offset] & mask:
+                done.add(row)
+            elif offset < len(enqueued_bits) and enqueued_bits[offset] & mask:
+                enqueued.add(row)
+        return enqueued, done
 
     def unclaimed_rows(self, dataset: str, rows: list[int]) -> list[int]:
         """Rows neither enqueued nor done yet: the ones a (re-)run of the producer must publish."""
-        pipe = self.redis.pipeline(transaction=False)
-        for row in rows:
-            pipe.getbit(self.keys.enqueued(dataset), row)
-            pipe.getbit(self.keys.done(dataset), row)
-        bits = pipe.execute()
-        return [row for i, row in enumerate(rows) if not bits[2 * i] and not bits[2 * i + 1]]
+        enqueued, done = self.row_claims(dataset, rows)
+        return [row for row in rows if row not in enqueued and row not in done]
 
-    def mark_enqueued(self, dataset: str, rows: Iterable[int]) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        count = 0
-        for row in rows:
-            pipe.setbit(self.keys.enqueued(dataset), row, 1)
-            count += 1
-        pipe.hincrby(self.keys.counters(dataset), "total", count)
-        pipe.execute()
+    def manifest(self) -> dict[str, str]:
+        return {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.manifest).items()}
+
+    def dataset_budget(self, dataset: str) -> int | None:
+        """The dataset's completion-token budget as the producer recorded it (None: no budget)."""
+        value = self.redis.hget(self.keys.manifest, ManifestFields.budget(dataset))
+        return int(value) if value is not None else None
 
     def record_rejection(self, dataset: str, row: int, file: str, line: int, reason: str) -> bool:
         """Returns True the first time this row is rejected (re-runs do not count it again)."""
@@ -120,8 +137,22 @@ class RunState:
         if self.redis.hset(self.keys.dead_letters, payload.id, letter):
             self.redis.hincrby(self.keys.counters(payload.dataset), "failed", 1)
 
+    def mark_skipped(self, dataset: str, row: int) -> bool:
+        """A prompt that will not be generated (its dataset's token budget is spent): settled like
+        a done one, so resume never re-enqueues it, but counted as skipped."""
+        old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=[row, "skipped", 1])
+        return old == 0
+
+    def completion_tokens(self, dataset: str) -> int:
+        return int(self.redis.hget(self.keys.counters(dataset), "completion_tokens") or 0)
+
     def count(self, dataset: str, counter: str, amount: int = 1) -> None:
         self.redis.hincrby(self.keys.counters(dataset), counter, amount)
+
+    def forget_dead_letter(self, dataset: str, prompt_id: str) -> None:
+        """After a dead letter is re-published: it is pending again, not failed."""
+        if self.redis.hdel(self.keys.dead_letters, prompt_id):
+            self.redis.hincrby(self.keys.counters(dataset), "failed", -1)
 
     def dead_letters(self) -> dict[str, dict]:
         raw = self.redis.hgetall(self.keys.dead_letters)
@@ -146,6 +177,10 @@ def _text(value: bytes | str) -> str:
 
 
 def connect(url: str) -> redis.Redis:
-    # Sized for a threads pool: every in-flight task may touch Redis at the end of its stream.
-    return redis.Redis.from_url(url, max_connections=512, health_check_interval=30,
-                                socket_keepalive=True, retry_on_timeout=True)
+    """A client sized for a threads pool (every in-flight task may touch Redis at the end of its
+    stream) that rides out a Redis restart: commands retry with backoff for about two minutes."""
+    return redis.Redis.from_url(
+        url, max_connections=512, health_check_interval=30, socket_keepalive=True,
+        retry=Retry(ExponentialBackoff(cap=5.0, base=0.2), retries=30),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
+
 
 
 class Settings(BaseSettings):
@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     output_dir: Path = Path("./output")
     reasoning_parser: str = "kimi_k2"
     flower_auth: str | None = None
+    # Port of a worker's Prometheus /metrics: unset = its pool's default (short 9650, long 9651),
+    # 0 = off. Several workers of one pool on one host need a port each.
+    metrics_port: int | None = None
 
     # SGLang hosts a worker streams from; `genfleet worker --upstream` overrides.
     upstreams: Annotated[list[str], NoDecode] = []
@@ -41,9 +44,21 @@ class Settings(BaseSettings):
     retry_backoff_s: float = 5.0
     retry_backoff_max_s: float = 600.0
 
-    # kombu re-queues an unacked task after this, even if it still runs: keep it far above
-    # task_deadline_s + retry_backoff_max_s, and equal in every worker and in Flower.
-    visibility_timeout_s: int = 7200
+    # kombu re-queues an unacked task after this, even if it still runs. Leases (below) reclaim a
+    # dead worker's tasks in minutes, so this only needs to be far above any task: one day.
+    # Keep it equal in every worker and in Flower.
+    visibility_timeout_s: int = 86400
+    # A held message's lease: renewed every heartbeat; once expired, the reaper re-queues it.
+    lease_ttl_s: float = 60.0
+    lease_heartbeat_s: float = 15.0
+    reaper_interval_s: float = 10.0
+    # On SIGTERM running streams may finish for this long; the rest are re-queued.
+    shutdown_grace_s: float = 30.0
+    # Circuit breaker per upstream: opens after this many consecutive failures...
+    breaker_failures: int = 3
+    # ...and stays open this long before a /health probe may close it again.
+    breaker_open_s: float = 30.0
+    health_interval_s: float = 15.0
     # How often kombu scans for unacked tasks to restore (interval x throttle seconds).
     unacked_restore_interval_s: int = 10
     unacked_restore_throttle: int = 10
@@ -57,6 +72,11 @@ class Settings(BaseSettings):
     long_threshold_tokens: int = 16384
     max_new_tokens_short: int = 10240
     max_new_tokens_long: int = 16384
+    # Producer: rows read, templated and published per batch (each batch is one atomic publish).
+    enqueue_batch_rows: int = 1024
+    # Producer: keep each queue at most this many messages deep (0: no limit); it waits for the
+    # workers to drain and streams the rest, so a huge dataset never sits in Redis at once.
+    max_queue_depth: int = 0
 
     @field_validator("upstreams", mode="before")
     @classmethod

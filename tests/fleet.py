@@ -23,6 +23,7 @@ TOKENIZER = REPO / "sim" / "model"
 class WorkerProcess:
     process: subprocess.Popen
     log: Path
+    stopped: bool = False  # stopped on purpose: its exit is not a failure
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -35,10 +36,12 @@ class WorkerProcess:
         raise TimeoutError(f"worker not ready after {timeout} s:\n{self.tail()}")
 
     def kill(self) -> None:
+        self.stopped = True
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
 
     def stop(self, timeout: float = 30.0) -> None:
+        self.stopped = True
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -116,7 +119,7 @@ class Fleet:
             if progress.datasets and progress.finished:
                 return progress
             for worker in self.workers:
-                if worker.process.poll() not in (None, -signal.SIGKILL):
+                if not worker.stopped and worker.process.poll() is not None:
                     raise RuntimeError(f"a worker died:\n{worker.tail()}")
             time.sleep(0.25)
         details = "\n\n".join(w.tail(15) for w in self.workers)

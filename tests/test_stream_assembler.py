@@ -52,6 +52,9 @@ def test_sglang_052_cumulative_text_with_delta_ids():
     ({"message": "CUDA error", "type": "internal_error", "code": 500, "retryable": True}, TransientError),
     ({"message": "bad", "type": "invalid_request_error", "code": 400, "retryable": False}, PermanentError),
     ({"message": "The input (9 tokens) is longer than the model's context length (8 tokens)."}, PermanentError),
+    ({"message": "CUDA error: an illegal memory access was encountered"}, TransientError),  # 0.5.2 shape
+    ({"object": "error", "message": "overloaded", "type": "InternalServerError", "param": None, "code": 503},
+     TransientError),  # chat completions shape
 ])
 def test_error_chunks_map_to_typed_errors(error, expected):
     with pytest.raises(expected):

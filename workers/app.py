@@ -37,6 +37,9 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
+        # Publishing a retry must ride out a Redis restart, not fail the task.
+        task_publish_retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
+                                   "interval_max": 3},
         worker_hijack_root_logger=False,
     )
     return app

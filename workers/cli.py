@@ -2,6 +2,7 @@
 with genfleet's settings, so every pool and Flower share one configuration."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Annotated, Optional
 
@@ -35,6 +36,8 @@ def worker_command(
     _apply_overrides(redis_url, upstreams=upstream)
     slots = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
 
+    # One INFO line per HTTP request would drown the task log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from workers import runtime
     runtime.configure(pool, slots)
     from workers.app import app
@@ -78,3 +81,58 @@ def _apply_overrides(redis_url: str | None, upstreams: list[str] | None = None) 
         os.environ["GENFLEET_UPSTREAMS"] = ",".join(upstreams)
     from common.settings import get_settings
     get_settings.cache_clear()
+
+
+def failures_command(
+    run: Annotated[str, typer.Option(help="Run id")],
+    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+) -> None:
+    """Dead letters of a run, grouped by error class and message."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from common.run_state import RunState, connect
+    from common.settings import get_settings
+    from workers.dead_letters import group_failures, read_dead_letters
+
+    _apply_overrides(redis_url)
+    letters = read_dead_letters(RunState(connect(get_settings().redis_url), run))
+    table = Table(title=f"dead letters · run {run} · {len(letters)} prompts")
+    for column in ("count", "class", "message", "example id"):
+        table.add_column(column, justify="right" if column == "count" else "left")
+    for group in group_failures(letters):
+        table.add_row(str(group.count), group.error_class, escape(group.message), escape(group.example_id))
+    Console().print(table)
+
+
+def requeue_command(
+    run: Annotated[str, typer.Option(help="Run id")],
+    dataset: Annotated[Optional[str], typer.Option(help="Only this dataset")] = None,
+    error_class: Annotated[Optional[str], typer.Option(help="Only this class: transient, permanent, exhausted")] = None,
+    match: Annotated[Optional[str], typer.Option(help="Only letters whose message contains this text")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Override max_new_tokens (e.g. to fit the context)")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Show what would be requeued; change nothing")] = False,
+    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+) -> None:
+    """Put dead letters back on their queue; each leaves the store only once re-published."""
+    from rich.console import Console
+
+    from common.run_state import RunState, connect
+    from common.settings import get_settings
+    from workers.dead_letters import read_dead_letters, requeue, select
+
+    _apply_overrides(redis_url)
+    state = RunState(connect(get_settings().redis_url), run)
+    chosen = select(read_dead_letters(state), dataset=dataset, error_class=error_class, match=match)
+    console = Console()
+    if dry_run:
+        for letter in chosen:
+            console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})", markup=False)
+        console.print(f"{len(chosen)} dead letters would be requeued")
+        return
+    from workers.app import app
+
+    count = requeue(state, app, chosen, max_new_tokens=max_new_tokens)
+    console.print(f"requeued {count} dead letters of run {run}")

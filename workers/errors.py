@@ -8,6 +8,8 @@ EXHAUSTED = "exhausted"
 
 class GenerationError(Exception):
     error_class = TRANSIENT
+    # Counts toward the host's circuit breaker: the host, not the request, is at fault.
+    blames_upstream = True
 
     def __init__(self, message: str, *, upstream: str | None = None) -> None:
         super().__init__(message)
@@ -37,11 +39,14 @@ class UpstreamAborted(TransientError):
 class DeadlineExceeded(TransientError):
     """The task ran past its own deadline (the threads pool enforces no Celery time limit)."""
 
+    blames_upstream = False
+
 
 class PermanentError(GenerationError):
     """400, context too long, invalid request: the same request will fail again."""
 
     error_class = PERMANENT
+    blames_upstream = False
 
 
 class ShutdownRequested(Exception):

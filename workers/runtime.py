@@ -13,6 +13,7 @@ from common.run_state import RunState, connect
 from common.settings import Settings, get_settings
 from common.tokenizer import load_tokenizer
 from workers.completion_split import CompletionSplitter
+from workers.leases import LeaseKeeper, Reaper
 from workers.sglang_client import SglangClient
 from workers.shard_writer import ShardSet
 from workers.upstreams import UpstreamPool
@@ -35,6 +36,16 @@ class WorkerRuntime:
     def __post_init__(self) -> None:
         self._redis = connect(self.redis_url)
         self._states: dict[str, RunState] = {}
+        self.leases = LeaseKeeper(self._redis, ttl_s=self.settings.lease_ttl_s,
+                                  heartbeat_s=self.settings.lease_heartbeat_s)
+        self.reaper = Reaper(self._redis, ttl_s=self.settings.lease_ttl_s,
+                             interval_s=self.settings.reaper_interval_s)
+
+    def start_background(self) -> None:
+        """Lease heartbeat, reaper and upstream health probes: run in every worker, busy or not."""
+        self.leases.start()
+        self.reaper.start()
+        self.upstreams.start_probes()
 
     def run_state(self, run: str) -> RunState:
         state = self._states.get(run)
@@ -43,6 +54,9 @@ class WorkerRuntime:
         return state
 
     def close(self) -> None:
+        self.leases.stop()
+        self.reaper.stop()
+        self.upstreams.stop_probes()
         self.shards.close()
         self.client.close()
 
@@ -64,7 +78,9 @@ def get_runtime() -> WorkerRuntime:
     with _lock:
         if _runtime is None:
             settings = get_settings()
-            upstreams = UpstreamPool(settings.upstreams)
+            upstreams = UpstreamPool(settings.upstreams, per_upstream_cap=_per_upstream_cap(settings),
+                                     failure_threshold=settings.breaker_failures,
+                                     open_s=settings.breaker_open_s, probe_interval_s=settings.health_interval_s)
             name = f"{_pool_name}-{socket.gethostname()}-{os.getpid()}"
             tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
             _runtime = WorkerRuntime(
@@ -82,6 +98,11 @@ def get_runtime() -> WorkerRuntime:
                 splitter=CompletionSplitter(settings.reasoning_parser, tokenizer),
             )
         return _runtime
+
+
+def _per_upstream_cap(settings: Settings) -> int:
+    hosts = max(len(settings.upstreams), 1)
+    return max(_concurrency // hosts, 1) if _concurrency else 150
 
 
 def close_runtime() -> None:

@@ -12,8 +12,7 @@ from dataclasses import asdict
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Reject
-from celery.signals import worker_shutdown, worker_shutting_down
+from celery.exceptions import Reject, Retry
 
 from common.queues import GENERATE_TASK
 from common.reasoning import get_format, starts_in_reasoning
@@ -24,24 +23,17 @@ from workers.app import app
 from workers.errors import (
     EXHAUSTED, GenerationError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
 )
-from workers.runtime import SHUTDOWN, WorkerRuntime, close_runtime, get_runtime
+from workers import lifecycle  # noqa: F401 - wires the worker's signals
+from workers.runtime import SHUTDOWN, WorkerRuntime, get_runtime
 from workers.sglang_client import Generation
 from workers.turns import history_before, reply_positions
 
 log = logging.getLogger(__name__)
 
 
-@worker_shutting_down.connect
-def _stop_streams(**_: Any) -> None:
-    SHUTDOWN.set()
-
-
-@worker_shutdown.connect
-def _close_shards(**_: Any) -> None:
-    close_runtime()
-
-
-@app.task(name=GENERATE_TASK, bind=True)
+# Attempts are counted in the payload; Celery's own retry limit (3 by default) would otherwise raise
+# the error on the 4th retry and fail the task without a dead letter.
+@app.task(name=GENERATE_TASK, bind=True, max_retries=None)
 def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
     payload = TaskPayload.from_dict(raw_payload)
     runtime = get_runtime()
@@ -60,6 +52,11 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     state = runtime.run_state(payload.run)
     if state.is_done(payload.dataset, payload.row):
         return {"id": payload.id, "skipped": "already done"}
+    budget = payload.max_tokens_per_dataset
+    if budget is not None and state.completion_tokens(payload.dataset) >= budget:
+        # Checked before generating: in-flight prompts may overshoot the budget by their own length.
+        state.mark_skipped(payload.dataset, payload.row)
+        return {"id": payload.id, "skipped": f"dataset token budget of {budget} spent"}
     started_at = time.time()
     deadline = time.monotonic() + runtime.settings.task_deadline_s
     turns, prompt = generate_turns(payload, runtime, deadline)
@@ -96,17 +93,22 @@ def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
 
 def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict],
                  deadline: float) -> tuple[Generation, str]:
-    settings = runtime.settings
-    with runtime.upstreams.lease() as upstream:
+    settings, pool = runtime.settings, runtime.upstreams
+    input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
+    with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0)) as upstream:
         try:
             if settings.api == "chat":
-                body = chat_request(payload, prompt)
-                return runtime.client.chat(upstream, body, deadline=deadline, should_stop=SHUTDOWN.is_set), upstream
-            body = generate_request(payload, runtime, prompt_ids(payload, runtime, prompt))
-            return runtime.client.generate(upstream, body, deadline=deadline, should_stop=SHUTDOWN.is_set), upstream
+                generation = runtime.client.chat(upstream, chat_request(payload, prompt), deadline=deadline,
+                                                 should_stop=SHUTDOWN.is_set)
+            else:
+                generation = runtime.client.generate(upstream, generate_request(payload, runtime, input_ids),
+                                                     deadline=deadline, should_stop=SHUTDOWN.is_set)
         except GenerationError as error:
             error.upstream = upstream
+            pool.report(upstream, ok=not error.blames_upstream)
             raise
+        pool.report(upstream, ok=True)
+        return generation, upstream
 
 
 def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:
@@ -161,6 +163,7 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple
                       duration_s=time.time() - started_at, e2e_latency=generation.e2e_latency),
         attempts=payload.attempt, worker=runtime.name, output_ids=last.output_ids,
         turns=[asdict(turn) for turn, _ in turns] if payload.regenerate == "all" else None,
+        row=payload.row,
     )
 
 
@@ -193,8 +196,15 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
         runtime.run_state(payload.run).count(payload.dataset, "aborted")
     if error.retryable and payload.attempt < settings.max_attempts:
         countdown = retry_countdown(payload.attempt, settings.retry_backoff_s, settings.retry_backoff_max_s)
-        payload.attempt += 1
-        raise task.retry(args=[payload.to_dict()], countdown=countdown, max_retries=None, exc=error)
+        retry = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
+                                       "failed_upstream": error.upstream})
+        try:
+            raise task.retry(args=[retry.to_dict()], countdown=countdown, exc=error)
+        except Retry:
+            raise
+        except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
+            log.exception("could not publish the retry of %s; giving the message back", payload.id)
+            raise Reject("retry not published", requeue=True) from None
     error_class = EXHAUSTED if error.retryable else error.error_class
     runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
     # Raising marks the task FAILURE in Flower with the error's type and message.

@@ -1,0 +1,143 @@
+"""Fast, safe reclaim of a dead worker's tasks.
+
+kombu's Redis transport restores an unacknowledged message only after the visibility timeout
+(which must exceed the longest task, so hours), and restores a message whose task still runs if it
+outlives that timeout. Instead, every message a worker holds gets a lease in Redis that the worker
+renews on a heartbeat; the visibility timeout is set far above any task, and a reaper re-queues a
+message only when its lease has expired, i.e. its worker is gone. A live task is never restored.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+
+import redis
+
+from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Holds leases for the delivery tags this worker process has received and not yet finished."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float) -> None:
+        self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
+        self._held: dict[str, str] = {}  # task id -> delivery tag
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def hold(self, task_id: str, tag: str) -> None:
+        with self._lock:
+            self._held[task_id] = tag
+        self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s})
+
+    def release(self, task_id: str) -> None:
+        """Stop renewing. The lease is left to lapse rather than deleted: the message is acked just
+        after the task returns, and until then it must not look abandoned to the reaper."""
+        with self._lock:
+            self._held.pop(task_id, None)
+
+    def renew(self) -> None:
+        with self._lock:
+            held = dict(self._held)
+        if not held:
+            return
+        # A tag whose message is no longer unacked (acked, or restored and redelivered elsewhere)
+        # must not be renewed, or it would shield that message from the reaper.
+        pipe = self.redis.pipeline(transaction=False)
+        for tag in held.values():
+            pipe.hexists(KOMBU_UNACKED, tag)
+        alive = {task_id: tag for (task_id, tag), exists in zip(held.items(), pipe.execute(), strict=True)
+                 if exists}
+        with self._lock:
+            for task_id in held.keys() - alive.keys():
+                self._held.pop(task_id, None)
+        if alive:
+            self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s for tag in alive.values()})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.renew()
+            except redis.RedisError as error:  # Redis restarting: the next beat retries
+                log.warning("lease heartbeat failed: %s", error)
+
+
+class Reaper:
+    """Re-queues unacknowledged messages whose lease expired (their worker died)."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: float, interval_s: float) -> None:
+        self.redis, self.ttl_s, self.interval_s = client, ttl_s, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lease-reaper", daemon=True)
+        self._token = uuid.uuid4().hex
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def reap_once(self) -> list[str]:
+        """Restores every expired message; returns their delivery tags."""
+        if not self.redis.set(REAPER_LOCK, self._token, nx=True, ex=max(int(self.interval_s * 3), 5)):
+            return []
+        try:
+            now = time.time()
+            # Only messages fetched more than a lease ago: a fresh one may not have its lease yet.
+            candidates = self.redis.zrangebyscore(KOMBU_UNACKED_INDEX, 0, now - self.ttl_s)
+            restored = []
+            for raw_tag in candidates:
+                tag = raw_tag.decode() if isinstance(raw_tag, bytes) else raw_tag
+                expiry = self.redis.zscore(LEASES, tag)
+                if expiry is not None and expiry > now:
+                    continue
+                if self._restore(tag):
+                    restored.append(tag)
+            return restored
+        finally:
+            if self.redis.get(REAPER_LOCK) == self._token.encode():
+                self.redis.delete(REAPER_LOCK)
+
+    def _restore(self, tag: str) -> bool:
+        """kombu's own restore, done atomically: back onto its queue, out of the unacked set."""
+        restored = False
+
+        def transaction(pipe: redis.client.Pipeline) -> None:
+            nonlocal restored
+            raw = pipe.hget(KOMBU_UNACKED, tag)
+            pipe.multi()
+            pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+            pipe.hdel(KOMBU_UNACKED, tag)
+            pipe.zrem(LEASES, tag)
+            if raw:
+                message, _exchange, routing_key = json.loads(raw)
+                message.setdefault("headers", {})["redelivered"] = True
+                message.get("properties", {}).get("delivery_info", {})["redelivered"] = True
+                # Our exchanges are direct with routing key == queue name; RPUSH puts it next in
+                # line (kombu consumes with BRPOP), as kombu's restore does.
+                pipe.rpush(routing_key, json.dumps(message))
+                restored = True
+
+        self.redis.transaction(transaction, KOMBU_UNACKED)
+        if restored:
+            log.warning("re-queued message %s: its worker's lease expired", tag)
+        return restored
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.reap_once()
+            except redis.RedisError as error:
+                log.warning("reaper pass failed: %s", error)
