@@ -1,0 +1,281 @@
+"""`genfleet export`: a run's shards, from one or several output roots, become one clean dataset.
+
+One streaming pass: read each shard line → keep the first record of each prompt → count it in the
+stats → filter → format → write (or, with `--shuffle`, spill to random buckets and write after).
+Memory holds one record at a time plus a bit per prompt (dedupe), a count per distinct completion
+length (stats) and, when shuffling, one bucket; it does not grow with the number of records.
+Then the dead letters (openai-batch's error file), reconciliation against Redis, the stats and
+`manifest.json`, which says whether the export is complete and hashes every file written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from workers.export_dedupe import SeenRecords
+from workers.export_filters import RecordFilters
+from workers.export_formats import FormatError, RecordFormatter, openai_batch_error_line
+from workers.export_reconcile import DatasetReconciliation, MissingRow, Reconciler, RunLedger
+from workers.export_sinks import BucketShuffle, HashedFile, OutputFiles, WrittenFile
+from workers.export_stats import RunStats
+from workers.shard_reader import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
+
+MANIFEST = "manifest.json"
+MISSING = "missing.jsonl"
+STATS_PNG = "stats.png"
+DUPLICATE_EXAMPLES = 20
+# Output bytes per input byte, for sizing the shuffle's buckets (token ids take more room than text).
+_EXPANSION = {"tokenized": 3.0}
+
+
+class ExportError(Exception):
+    """The export cannot go on (a corrupt shard, a record its format cannot express, no shards);
+    the message names the file and line or the directory."""
+
+
+class Progress(Protocol):
+    def phase(self, description: str, total: int | None) -> None: ...
+
+    def advance(self, amount: int) -> None: ...
+
+
+class _NoProgress:
+    def phase(self, description: str, total: int | None) -> None:
+        pass
+
+    def advance(self, amount: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    run: str
+    sources: tuple[Path, ...]
+    out: Path
+    format: str
+    filters: RecordFilters = field(default_factory=RecordFilters)
+    shuffle: bool = False
+    seed: int = 0
+    max_records_per_file: int | None = None
+    per_dataset: bool = True
+    merged: bool = True
+    shuffle_buffer_bytes: int = 256 << 20
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "format": self.format, "sources": [str(source.resolve()) for source in self.sources],
+            "drop_truncated": self.filters.drop_truncated, "require_reasoning": self.filters.require_reasoning,
+            "min_content_chars": self.filters.min_content_chars, "shuffle": self.shuffle,
+            "seed": self.seed if self.shuffle else None, "max_records_per_file": self.max_records_per_file,
+            "per_dataset": self.per_dataset, "merged": self.merged,
+        }
+
+
+@dataclass
+class DatasetTally:
+    """What the shards held for one dataset, and what became of it."""
+    records: int = 0  # unique records read
+    duplicates: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    exported: int = 0
+    torn_lines: int = 0
+    # Every record's id is `{dataset}/{row}`: the dataset has no ids of its own, so a missing
+    # row's id is known too.
+    index_keyed: bool = True
+
+
+@dataclass
+class ExportReport:
+    options: ExportOptions
+    tallies: dict[str, DatasetTally] = field(default_factory=dict)
+    stats: RunStats = field(default_factory=RunStats)
+    models: Counter[str] = field(default_factory=Counter)
+    torn: list[TornLine] = field(default_factory=list)
+    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    files: list[WrittenFile] = field(default_factory=list)
+    reconciliation: list[DatasetReconciliation] | None = None  # None: not checked
+    missing_rows: int = 0
+    error: str | None = None
+    histogram: bool = False  # stats.png written
+
+    def tally(self, dataset: str) -> DatasetTally:
+        tally = self.tallies.get(dataset)
+        if tally is None:
+            tally = self.tallies[dataset] = DatasetTally()
+        return tally
+
+    @property
+    def problems(self) -> list[str]:
+        found = [self.error] if self.error else []
+        for finding in self.reconciliation or []:
+            found += finding.problems
+        return found
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+
+class Exporter:
+    def __init__(self, options: ExportOptions, formatter: RecordFormatter, *, ledger: RunLedger | None = None,
+                 reconciler: Reconciler | None = None, progress: Progress | None = None) -> None:
+        self.options = options
+        self.formatter = formatter
+        self.ledger = ledger
+        self.reconciler = reconciler
+        self.progress = progress or _NoProgress()
+        self.report = ExportReport(options)
+
+    def run(self, write_manifest: Callable[[ExportReport], object]) -> ExportReport:
+        """Exports, reconciles and writes the manifest (also when it stops on an error, marked
+        incomplete, before re-raising the error)."""
+        options = self.options
+        _prepare_out(options.out)
+        try:
+            shards = find_shards(options.sources, options.run)
+            if not shards:
+                places = ", ".join(str(source / options.run) for source in options.sources)
+                raise ExportError(f"no shards of run {options.run!r} in {places}")
+            seen = SeenRecords()
+            self._export(shards, seen)
+            self._write_dead_letters()
+            if self.reconciler is not None:
+                self._reconcile(seen)
+            self.progress.phase("plotting stats", None)
+            self.report.histogram = self.report.stats.save_histogram(options.out / STATS_PNG,
+                                                                    f"run {options.run}: completion tokens")
+            if self.report.histogram:
+                self.report.files.append(_hashed(options.out / STATS_PNG, records=0))
+        except (ExportError, ShardError, OSError) as error:
+            self.report.error = str(error)
+            write_manifest(self.report)
+            raise
+        write_manifest(self.report)
+        return self.report
+
+    def _export(self, shards: list[Shard], seen: SeenRecords) -> None:
+        options = self.options
+        outputs = OutputFiles(options.out, max_records=options.max_records_per_file,
+                              per_dataset=options.per_dataset, merged=options.merged)
+        try:
+            if not options.shuffle:
+                self._read(shards, seen, outputs.write)
+                return
+            with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=options.out) as workdir:
+                expected = sum(shard.size for shard in shards) * _EXPANSION.get(options.format, 1.0)
+                shuffle = BucketShuffle(Path(workdir), expected_bytes=int(expected), seed=options.seed,
+                                        max_bucket_bytes=options.shuffle_buffer_bytes)
+                tags: dict[str, int] = {}  # the shuffle labels each line with a small int, not a name
+                self._read(shards, seen, lambda dataset, data: shuffle.add(tags.setdefault(dataset, len(tags)), data))
+                names = {tag: name for name, tag in tags.items()}
+                self.progress.phase("writing shuffled", shuffle.lines)
+                for tag, data in shuffle.drain():
+                    outputs.write(names[tag], data)
+                    self.progress.advance(1)
+        finally:
+            self.report.files += outputs.close()
+
+    def _read(self, shards: list[Shard], seen: SeenRecords, emit: Callable[[str, bytes], None]) -> None:
+        """Every shard line once: each record kept goes to `emit` as (dataset, output line)."""
+        reader = ShardReader(shards, self.options.run)
+        self.progress.phase("reading shards", sum(shard.size for shard in shards))
+        try:
+            for line in reader:
+                self.progress.advance(line.size)
+                kept = self._take(line, seen)
+                if kept is not None:
+                    emit(*kept)
+        finally:
+            self.report.torn = reader.torn
+            for torn in reader.torn:
+                self.report.tally(torn.path.parent.name).torn_lines += 1
+
+    def _take(self, line: ShardLine, seen: SeenRecords) -> tuple[str, bytes] | None:
+        """The record's dataset and output line, or None if it is a duplicate or filtered out."""
+        record, report = line.record, self.report
+        dataset, row, prompt_id = record["dataset"], record.get("row"), record["id"]
+        tally = report.tally(dataset)
+        if not seen.first_time(dataset, row, prompt_id):
+            tally.duplicates += 1
+            if len(report.duplicate_examples) < DUPLICATE_EXAMPLES:
+                report.duplicate_examples.append({"id": prompt_id, "file": str(line.shard.path), "line": line.line})
+            return None
+        tally.records += 1
+        if tally.index_keyed and (row is None or prompt_id != f"{dataset}/{row}"):
+            tally.index_keyed = False
+        report.stats.add(record)
+        model = record.get("model") or ""
+        if model in report.models or len(report.models) < 100:  # a few names per run; never unbounded
+            report.models[model] += 1
+        reason = self.options.filters.rejection(record)
+        if reason is not None:
+            tally.filtered[reason] += 1
+            return None
+        try:
+            formatted = self.formatter(record)
+        except FormatError as error:
+            raise ExportError(f"{line.where}: {error}") from None
+        tally.exported += 1
+        return dataset, _json_line(formatted)
+
+    def _write_dead_letters(self) -> None:
+        """openai-batch: the prompts that failed for good, as the error file OpenAI Batch users expect."""
+        if self.options.format != "openai-batch" or self.ledger is None:
+            return
+        errors = OutputFiles(self.options.out, max_records=self.options.max_records_per_file,
+                             per_dataset=self.options.per_dataset, merged=self.options.merged, suffix=".errors")
+        letters = sorted(self.ledger.dead_letters, key=lambda letter: (letter.payload.dataset, letter.id))
+        try:
+            for letter in letters:
+                dataset = letter.payload.dataset
+                errors.write(dataset, _json_line(openai_batch_error_line(letter.id, dataset, letter.error_class,
+                                                                         letter.message)))
+        finally:
+            self.report.files += errors.close()
+
+    def _reconcile(self, seen: SeenRecords) -> None:
+        assert self.reconciler is not None
+        report = self.report
+        missing_file: HashedFile | None = None
+
+        def on_missing(row: MissingRow) -> None:
+            nonlocal missing_file
+            if missing_file is None:
+                missing_file = HashedFile(self.options.out / MISSING)
+            missing_file.write(_json_line(row.to_dict()))
+            report.missing_rows += 1
+
+        self.progress.phase("reconciling with Redis", None)
+        records = {name: tally.records for name, tally in report.tallies.items()}
+        index_keyed = {name: tally.index_keyed and tally.records > 0 for name, tally in report.tallies.items()}
+        try:
+            report.reconciliation = self.reconciler.run(seen, records, index_keyed, on_missing)
+        finally:
+            if missing_file is not None:
+                report.files.append(missing_file.close())
+
+
+def _json_line(value: dict[str, Any]) -> bytes:
+    return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _prepare_out(out: Path) -> None:
+    """An export never mixes with an earlier one: the directory must be new or empty."""
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(f"{out} is not empty: export into a new directory (or remove the old export)")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _hashed(path: Path, records: int) -> WrittenFile:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return WrittenFile(path, records, path.stat().st_size, digest.hexdigest())
+

@@ -1,0 +1,101 @@
+"""`manifest.json`: what an export holds, where it came from, whether it is complete, and the
+sha256 of every file written (all but the manifest itself), so a trainer can verify what it reads.
+
+`complete` is false when the export stopped on an error or reconciliation found prompts without a
+record; `verified` is true only when reconciliation against Redis ran and passed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from common.keys import ManifestFields
+from workers.export import MANIFEST, MISSING, DatasetTally, ExportReport
+from workers.export_reconcile import RunLedger
+
+MANIFEST_VERSION = 1
+_COUNTS = ("input", "done", "dead", "rejected", "skipped")
+
+
+def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir: str | None) -> dict[str, Any]:
+    options = report.options
+    config = ledger.config if ledger is not None else {}
+    datasets: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(ledger.counts if ledger else {}) | set(report.tallies)):
+        counts = ledger.counts.get(name) if ledger is not None else None
+        tally = report.tallies.get(name) or DatasetTally()
+        datasets[name] = {
+            **{key: getattr(counts, key) if counts is not None else None for key in _COUNTS},
+            "records": tally.records,
+            "duplicates_dropped": tally.duplicates,
+            "filtered": sum(tally.filtered.values()),
+            "filtered_by_reason": dict(sorted(tally.filtered.items())),
+            "exported": tally.exported,
+            "torn_lines": tally.torn_lines,
+        }
+    models = sorted(model for model in report.models if model)
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "run": options.run,
+        "complete": report.complete,
+        "verified": report.reconciliation is not None and report.complete,
+        "problems": report.problems,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "options": options.describe(),
+        # A --from root without the run: a typo, or a host that wrote none of it.
+        "sources_without_run": [str(source.resolve()) for source in options.sources
+                                if not (source / options.run).is_dir()],
+        "config_hash": ledger.manifest.get(ManifestFields.CONFIG_HASH) if ledger is not None else None,
+        "model": models[0] if len(models) == 1 else models,
+        "tokenizer": {
+            "dir": tokenizer_dir or (ledger.manifest.get(ManifestFields.TOKENIZER_DIR) if ledger else None),
+            "fingerprint": config.get("tokenizer"),
+        },
+        "reasoning_parser": config.get("reasoning_parser"),
+        "datasets": datasets,
+        "totals": {key: _sum(row.get(key) for row in datasets.values())
+                   for key in (*_COUNTS, "records", "duplicates_dropped", "filtered", "exported", "torn_lines")},
+        "torn_lines": [{"file": str(torn.path), "line": torn.line, "bytes": torn.size} for torn in report.torn],
+        "duplicates": {"dropped": sum(t.duplicates for t in report.tallies.values()),
+                       "examples": report.duplicate_examples},
+        "reconciliation": _reconciliation(report),
+        "stats": report.stats.summary(),
+        "files": [{"path": _relative(file.path, options.out), "records": file.records, "bytes": file.bytes,
+                   "sha256": file.sha256} for file in report.files],
+    }
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
+    """Written last and atomically: a manifest present is a manifest whole."""
+    path = out / MANIFEST
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def _reconciliation(report: ExportReport) -> dict[str, Any]:
+    if report.reconciliation is None:
+        return {"checked": False}
+    return {
+        "checked": True,
+        "ok": all(finding.ok for finding in report.reconciliation),
+        "missing_rows": report.missing_rows,
+        "missing_file": MISSING if report.missing_rows else None,
+        "datasets": {finding.dataset: finding.to_dict() for finding in report.reconciliation},
+    }
+
+
+def _sum(values: Any) -> int | None:
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
