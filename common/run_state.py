@@ -16,6 +16,7 @@ from redis.retry import Retry
 
 from common.keys import ManifestFields, RunKeys
 from common.records import TaskPayload
+from common.settings import verify_tls_by_default
 
 COUNTER_FIELDS = (
     "total", "done", "failed", "rejected", "skipped",
@@ -180,7 +181,7 @@ def connect(url: str) -> redis.Redis:
     """A client sized for a threads pool (every in-flight task may touch Redis at the end of its
     stream) that rides out a Redis restart: commands retry with backoff for about two minutes."""
     return redis.Redis.from_url(
-        url, max_connections=512, health_check_interval=30, socket_keepalive=True,
+        verify_tls_by_default(url), max_connections=512, health_check_interval=30, socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=5.0, base=0.2), retries=30),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
     )

@@ -9,11 +9,12 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GENFLEET_", extra="ignore")
 
-    # Broker and run state live in the same Redis (noeviction, AOF).
+    # Broker and run state live in the same Redis (noeviction, AOF). TLS: `rediss://`, with
+    # `?ssl_ca_certs=/path/ca.pem` for a private CA; the server certificate is always verified unless
+    # the URL says `ssl_cert_reqs=none` (see `verify_tls_by_default`).
     redis_url: str = "redis://127.0.0.1:6379/0"
     output_dir: Path = Path("./output")
     reasoning_parser: str = "kimi_k2"
@@ -78,12 +79,28 @@ class Settings(BaseSettings):
     # workers to drain and streams the rest, so a huge dataset never sits in Redis at once.
     max_queue_depth: int = 0
 
+    @field_validator("redis_url")
+    @classmethod
+    def _verify_tls(cls, value: str) -> str:
+        return verify_tls_by_default(value)
+
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split_upstreams(cls, value: object) -> object:
         if isinstance(value, str):
             return [url.strip() for url in value.split(",") if url.strip()]
         return value
+
+
+def verify_tls_by_default(url: str) -> str:
+    """A `rediss://` URL without `ssl_cert_reqs` gets `ssl_cert_reqs=required`.
+
+    redis-py verifies the server certificate by default, but kombu (the Celery broker connection)
+    does not when the URL has no `ssl_*` option: it falls back to CERT_NONE with only a log
+    warning, encrypted yet open to anyone in the middle."""
+    if not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}ssl_cert_reqs=required"
 
 
 @lru_cache(maxsize=1)

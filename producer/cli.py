@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.run_state import connect
-from common.settings import get_settings
+from common.settings import get_settings, verify_tls_by_default
 from common.tokenizer import TokenizerNotFoundError
 from producer.dry_run import DryRunDestination
 from producer.recovery import find_lost_rows, release_rows
@@ -105,7 +105,7 @@ def enqueue_command(
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
     cli = CliOptions(
         datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
-        redis_url=redis_url, long_threshold=long_threshold, max_new_tokens_short=max_new_tokens_short,
+        redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold, max_new_tokens_short=max_new_tokens_short,
         max_new_tokens_long=max_new_tokens_long, max_new_tokens=max_new_tokens, context_length=context_length,
         context_rule=context_rule,
         sampling={**_pairs(sampling, "--sampling"),
