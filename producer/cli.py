@@ -105,7 +105,8 @@ def enqueue_command(
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
     cli = CliOptions(
         datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
-        redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold, max_new_tokens_short=max_new_tokens_short,
+        redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold,
+        max_new_tokens_short=max_new_tokens_short,
         max_new_tokens_long=max_new_tokens_long, max_new_tokens=max_new_tokens, context_length=context_length,
         context_rule=context_rule,
         sampling={**_pairs(sampling, "--sampling"),
