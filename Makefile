@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install redis-server sample-data clean
+.PHONY: demo test bench install redis-server chromium sample-data clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,25 @@ redis-server:
 	    exit 1; \
 	  fi; }
 
-test: install redis-server
+# Headless Chromium and its driver, for the test that opens Flower in a real browser. Best effort:
+# where they cannot be installed (not root, no apt, offline) that one test skips and says why.
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium and chromium-driver (Debian packages)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	      || echo "could not install chromium: the Flower browser test will skip" >&2; \
+	  else \
+	    echo "chromium is missing (run 'sudo apt-get install chromium chromium-driver'): the Flower browser test will skip" >&2; \
+	  fi; }
+
+test: install redis-server chromium
 	$(PY) -m pytest
+
+# A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
+# scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.
+bench: install redis-server
+	$(PY) bench/run.py
 
 demo: install redis-server
 	$(PY) -m genfleet.demo
@@ -34,4 +51,4 @@ sample-data: install
 	$(PY) examples/make_sample_data.py
 
 clean:
-	rm -rf .demo output .pytest_cache
+	rm -rf .demo output .pytest_cache tests/artifacts

@@ -47,8 +47,9 @@ class RunKeys:
 
     # --- what `genfleet status` reads to show rates, lengths and ETA (written by the workers) ----
     def rate_bucket(self, minute: int) -> str:
-        """Hash for one wall-clock minute (unix time // 60): `{req|tok|err}:{partition}:{dataset}`
-        -> prompts finished, completion tokens generated, failed attempts. Expires after
+        """Hash for one wall-clock minute (unix time // 60): `{req|tok|sec|err}:{partition}:{dataset}`
+        -> prompts finished, completion tokens generated, seconds their requests ran, failed
+        attempts. Expires after
         `RATE_BUCKET_TTL_S`, so a run keeps at most two hours of them whatever its length."""
         return f"{self.base}:rate:{minute}"
 

@@ -1,151 +1,196 @@
-"""`genfleet status`: per-dataset progress of a run, read from Redis counters and queue depths."""
+"""`genfleet status`: a run at a glance. One table row per dataset (progress, rates over the last 1
+and 10 minutes, completion lengths, quality shares, ETA), one per partition (queue, slots, rates),
+the upstreams, and alarms in red. `--json` prints the same as one object; `--watch` refreshes it.
+"""
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
-from typing import Annotated, Optional
+from dataclasses import asdict
+from typing import Annotated, Any
 
-import redis
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from common.queues import PARTITIONS
-from common.run_state import RunState, connect
+from common.alarms import DEFAULT_ALARMS, NO_PROGRESS_S, AlarmSettings, alarms
+from common.eta import FLEET, Eta
+from common.run_state import connect
+from common.run_status import (  # noqa: F401 - RunProgress, read_progress: re-exported for existing callers
+    DatasetStatus,
+    LengthStats,
+    RunProgress,
+    RunStatus,
+    Throughput,
+    read_progress,
+    read_status,
+)
 from common.settings import get_settings
 
-
-@dataclass(frozen=True)
-class DatasetProgress:
-    dataset: str
-    total: int
-    done: int
-    failed: int
-    rejected: int
-    skipped: int
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    truncated: int
-    empty_reasoning: int
-    empty_content: int
-    aborted: int
-
-    @property
-    def pending(self) -> int:
-        return max(self.total - self.done - self.failed - self.skipped, 0)
-
-    @property
-    def finished(self) -> bool:
-        return self.pending == 0
+WATCH_INTERVAL_S = 2.0
 
 
-@dataclass(frozen=True)
-class RunProgress:
-    run: str
-    datasets: list[DatasetProgress]
-    queued: dict[str, int]  # messages waiting per queue (all runs share the queues)
-    unacked: int  # messages delivered to workers, not yet acknowledged
-
-    @property
-    def finished(self) -> bool:
-        return all(d.finished for d in self.datasets)
-
-    def totals(self) -> DatasetProgress:
-        fields = {name: sum(getattr(d, name) for d in self.datasets)
-                  for name in DatasetProgress.__dataclass_fields__ if name != "dataset"}
-        return DatasetProgress(dataset="all", **fields)
+# --- table -------------------------------------------------------------------------------------
+def render(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS) -> RenderableType:
+    parts: list[RenderableType] = [dataset_table(status), partition_table(status)]
+    if status.upstreams:
+        parts.append(Text("upstreams: " + " · ".join(
+            f"{u.url} {'DOWN' if u.down_in else 'up'} ({u.workers} workers, {u.in_flight} in flight)"
+            for u in status.upstreams)))
+    if any(row.eta is not None and row.eta.basis == FLEET and row.progress.pending for row in status.datasets):
+        parts.append(Text("* ETA mostly from completion lengths seen fleet-wide: too few completions of its own yet",
+                          style="dim"))
+    parts += [Text.from_markup(f"[bold red]ALARM[/] [red]{escape(line)}[/]") for line in alarms(status, settings)]
+    return Group(*parts)
 
 
-# Alarm thresholds, as shares of a dataset's completions, once it has a few.
-EMPTY_REASONING_ALARM = 0.05
-TRUNCATION_ALARM = 0.10
-ALARM_MIN_SAMPLES = 5
-
-
-def alarms(progress: RunProgress) -> list[str]:
-    """One line per data-quality problem an operator must look at now."""
-    lines = []
-    for d in progress.datasets:
-        if d.done < ALARM_MIN_SAMPLES:
-            continue
-        if d.empty_reasoning / d.done > EMPTY_REASONING_ALARM:
-            lines.append(f"{d.dataset}: {100 * d.empty_reasoning / d.done:.0f}% of completions have empty "
-                         "reasoning on a reasoning model: check GENFLEET_REASONING_PARSER and that the "
-                         "template's <think> is not lost (skip_special_tokens)")
-        if d.truncated / d.done > TRUNCATION_ALARM:
-            lines.append(f"{d.dataset}: {100 * d.truncated / d.done:.0f}% of completions stopped at "
-                         "max_new_tokens (finish_reason length): raise the cap or expect cut-off answers")
-    return lines
-
-
-def read_progress(client: redis.Redis, run: str) -> RunProgress:
-    state = RunState(client, run)
-    datasets = [DatasetProgress(dataset=name, **state.counters(name)) for name in state.datasets()]
-    pipe = client.pipeline(transaction=False)
-    for queue in PARTITIONS:
-        pipe.llen(queue)
-    pipe.hlen("unacked")
-    *depths, unacked = pipe.execute()
-    return RunProgress(run, datasets, dict(zip(PARTITIONS, depths, strict=True)), unacked)
-
-
-def render(progress: RunProgress, elapsed_s: float | None = None) -> Table:
-    title = f"run {progress.run} · queued " + ", ".join(f"{q} {n}" for q, n in progress.queued.items())
-    table = Table(title=title + f" · running {progress.unacked}")
-    for column in ("dataset", "total", "done", "pending", "failed", "rejected", "skipped",
-                   "tokens", "reasoning %", "truncated %", "empty reasoning %"):
-        table.add_column(column, justify="left" if column == "dataset" else "right")
-    if elapsed_s:
-        table.add_column("tok/s", justify="right")
-    rows = progress.datasets + ([progress.totals()] if len(progress.datasets) > 1 else [])
-    for d in rows:
-        cells = [d.dataset, str(d.total), str(d.done), str(d.pending), _alert(d.failed), str(d.rejected),
-                 str(d.skipped), f"{d.completion_tokens:,}", _percent(d.reasoning_tokens, d.completion_tokens),
-                 _percent(d.truncated, d.done), _percent(d.empty_reasoning, d.done)]
-        if elapsed_s:
-            cells.append(f"{d.completion_tokens / elapsed_s:,.0f}")
-        table.add_row(*cells, end_section=d.dataset == "all" or d is rows[-1])
+def dataset_table(status: RunStatus) -> Table:
+    totals = status.totals.progress
+    title = (f"run {status.run} · {totals.done:,}/{totals.total:,} done · {status.workers} workers"
+             + (f" · ETA {_eta(status.totals.eta)}" if not status.finished else " · finished"))
+    table = Table(title=title, title_justify="left")
+    for column in ("dataset", "partition", "total", "done", "in flight", "failed", "rejected", "skipped",
+                   "req/min 1m·10m", "tok/s 1m·10m", "tokens p50·mean·p99", "trunc %", "empty reas. %", "ETA"):
+        table.add_column(column, justify="left" if column in ("dataset", "partition") else "right")
+    rows = status.datasets + ([status.totals] if len(status.datasets) > 1 else [])
+    for row in rows:
+        d = row.progress
+        table.add_row(
+            escape(d.dataset), _partitions(row), f"{d.total:,}", f"{d.done:,}", f"{row.in_flight:,}",
+            _alert(d.failed), f"{d.rejected:,}", f"{d.skipped:,}",
+            _pair(row.rates, lambda t: t.req_per_min), _pair(row.rates, lambda t: t.tok_per_s),
+            _lengths(row.lengths), _percent(d.truncated, d.done), _percent(d.empty_reasoning, d.done),
+            _eta(row.eta) if d.pending else "done",
+            end_section=row is status.totals or row is rows[-1],
+        )
     return table
+
+
+def partition_table(status: RunStatus) -> Table:
+    table = Table(title="partitions (queues are shared by all runs)", title_justify="left")
+    for column in ("partition", "queued", "in flight", "slots", "workers", "req/min 1m·10m", "tok/s 1m·10m"):
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    for p in status.partitions:
+        table.add_row(p.partition, f"{p.queued:,}", f"{p.in_flight:,}", f"{p.slots:,}", str(p.workers),
+                      _pair(p.rates, lambda t: t.req_per_min), _pair(p.rates, lambda t: t.tok_per_s))
+    return table
+
+
+def _partitions(row: DatasetStatus) -> str:
+    done = row.done_by_partition
+    if len(done) <= 1:
+        return next(iter(done), "-")
+    total = sum(done.values())
+    return " ".join(f"{p} {100 * n / total:.0f}%" for p, n in done.items())
+
+
+def _pair(rates: dict[str, Throughput], value: Any) -> str:
+    return " · ".join(f"{value(rates[w]):,.0f}" for w in ("1m", "10m"))
+
+
+def _lengths(stats: LengthStats) -> str:
+    if not stats.samples:
+        return "-"
+    return " · ".join(f"{v:,.0f}" for v in (stats.median, stats.mean, stats.p99) if v is not None)
 
 
 def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}" if whole else "-"
 
 
-def wide_console() -> Console:
-    """The table needs ~150 columns; a pipe or a log file gets them, a terminal keeps its width."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
-
-
 def _alert(count: int) -> str:
-    return f"[red]{count}[/]" if count else "0"
+    return f"[red]{count:,}[/]" if count else "0"
 
 
+def _eta(eta: Eta | None) -> str:
+    if eta is None:
+        return "?"
+    mark = "*" if eta.basis == FLEET else ""
+    low, high = duration(eta.low_s), duration(eta.high_s)
+    return f"{low}{mark}" if low == high else f"{low}–{high}{mark}"
+
+
+def duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    return f"{int(seconds // 86400)}d{int(seconds % 86400 // 3600):02d}h"
+
+
+def wide_console() -> Console:
+    """The table needs ~190 columns; a pipe or a log file gets them, a terminal keeps its width."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+# --- JSON --------------------------------------------------------------------------------------
+def status_json(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS) -> dict[str, Any]:
+    return {
+        "run": status.run, "time": status.time, "finished": status.finished,
+        "created_at": status.created_at, "first_finished": status.first_finished,
+        "last_finished": status.last_finished, "workers": status.workers,
+        "queued": status.progress.queued, "unacked": status.progress.unacked,
+        "datasets": [dataset_json(row) for row in status.datasets],
+        "totals": dataset_json(status.totals),
+        "partitions": [{"partition": p.partition, "queued": p.queued, "in_flight": p.in_flight, "slots": p.slots,
+                        "workers": p.workers, "rates": _rates_json(p.rates)} for p in status.partitions],
+        "upstreams": [asdict(u) for u in status.upstreams],
+        "alarms": alarms(status, settings),
+    }
+
+
+def dataset_json(row: DatasetStatus) -> dict[str, Any]:
+    d = row.progress
+    return {
+        **asdict(d), "pending": d.pending, "in_flight": row.in_flight, "done_by_partition": row.done_by_partition,
+        "rates": _rates_json(row.rates),
+        "completion_tokens_stats": asdict(row.lengths),
+        "truncated_pct": round(100 * d.truncated / d.done, 2) if d.done else None,
+        "empty_reasoning_pct": round(100 * d.empty_reasoning / d.done, 2) if d.done else None,
+        "eta": asdict(row.eta) if row.eta is not None else None,
+    }
+
+
+def _rates_json(rates: dict[str, Throughput]) -> dict[str, Any]:
+    return {window: {"req_per_min": round(t.req_per_min, 3), "tok_per_s": round(t.tok_per_s, 3),
+                     "stream_tok_per_s": round(t.stream_tok_s, 3), "errors": round(t.errors, 3),
+                     "error_share": t.error_share} for window, t in rates.items()}
+
+
+# --- command -----------------------------------------------------------------------------------
 def status_command(
     run: Annotated[str, typer.Option(help="Run id")],
     watch: Annotated[bool, typer.Option(help="Refresh every 2 s until interrupted")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
-    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    no_progress_minutes: Annotated[float, typer.Option(
+        help="Alarm when no prompt finishes for this long while some are pending")] = NO_PROGRESS_S / 60,
+    redis_url: Annotated[str | None, typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
-    """Per-dataset progress of a run."""
+    """Per-dataset progress, rates, completion lengths, ETA and alarms of a run."""
     client = connect(redis_url or get_settings().redis_url)
-    console = wide_console()
+    settings = AlarmSettings(no_progress_s=no_progress_minutes * 60)
     if as_json:
-        progress = read_progress(client, run)
-        print(json.dumps({**asdict(progress), "finished": progress.finished, "alarms": alarms(progress)}))
+        print(json.dumps(status_json(read_status(client, run), settings)))
         return
+    console = wide_console()
+    status = read_status(client, run)
+    if not status.datasets:
+        # Most often a typo in --run or another Redis: say so rather than show an empty, "finished" run.
+        console.print(f"[yellow]run {escape(run)} has no datasets in this Redis[/] (never enqueued, another "
+                      "--run, or another GENFLEET_REDIS_URL?)")
+        if not watch:
+            raise typer.Exit(1)
     if not watch:
-        progress = read_progress(client, run)
-        console.print(render(progress))
-        for line in alarms(progress):
-            console.print(f"[bold red]ALARM[/] {escape(line)}")
+        console.print(render(status, settings))
         return
     from rich.live import Live
-    with Live(render(read_progress(client, run)), console=console, refresh_per_second=1) as live:
+    with Live(render(status, settings), console=console, refresh_per_second=1) as live:
         while True:
-            time.sleep(2)
-            live.update(render(read_progress(client, run)))
+            time.sleep(WATCH_INTERVAL_S)
+            live.update(render(read_status(client, run), settings))

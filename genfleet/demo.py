@@ -21,7 +21,8 @@ from pathlib import Path
 import redis
 from rich.live import Live
 
-from common.status import read_progress, render, wide_console
+from common.run_status import read_status
+from common.status import render, wide_console
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "sim" / "model"
@@ -117,28 +118,32 @@ def main() -> None:
         wait_for(client.ping, "redis-server")
         sim_url = f"http://127.0.0.1:{sim_port}"
         processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1", "--rate", "100"))
-        processes.start("worker-short", *genfleet("worker", "--pool", "short", "--upstream", sim_url))
-        processes.start("worker-long", *genfleet("worker", "--pool", "long", "--upstream", sim_url))
+        metrics_ports = {"short": free_port(), "long": free_port()}
+        for pool, port in metrics_ports.items():
+            processes.start(f"worker-{pool}", *genfleet("worker", "--pool", pool, "--upstream", sim_url,
+                                                        "--metrics-port", str(port)))
         processes.start("flower", *genfleet("flower", "--port", str(args.flower_port)))
         wait_for(lambda: "ready." in (logs / "worker-short.log").read_text()
                  and "ready." in (logs / "worker-long.log").read_text(), "the workers")
         console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · "
                       f"Flower http://127.0.0.1:{args.flower_port} · logs {logs}")
+        console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
+                                                  for pool, port in metrics_ports.items()))
 
         subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *datasets),
                        env=env, check=True)
         started = time.monotonic()
-        with Live(render(read_progress(client, run)), console=console, refresh_per_second=2) as live:
+        with Live(render(read_status(client, run)), console=console, refresh_per_second=2) as live:
             while True:
                 processes.check_alive()
-                progress = read_progress(client, run)
-                live.update(render(progress, elapsed_s=time.monotonic() - started))
-                if progress.finished:
+                status = read_status(client, run)
+                live.update(render(status))
+                if status.finished:
                     break
                 time.sleep(0.5)
         elapsed = time.monotonic() - started
         console.print()
-        totals = progress.totals()
+        totals = status.progress.totals()
         console.print(f"[green]done[/]: {totals.done} prompts, {totals.failed} failed, "
                       f"{totals.completion_tokens:,} completion tokens in {elapsed:.1f} s "
                       f"({totals.completion_tokens / elapsed:,.0f} tok/s)")

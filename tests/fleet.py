@@ -63,6 +63,8 @@ class Fleet:
             "GENFLEET_REDIS_URL": redis_url,
             "GENFLEET_OUTPUT_DIR": str(self.output_dir),
             "GENFLEET_COMMIT_INTERVAL_S": "0.02",
+            # No /metrics on the pools' fixed default ports: a test asks for a free one.
+            "GENFLEET_METRICS_PORT": "0",
             "PYTHONUNBUFFERED": "1",
         }
         self.configure(**settings)
@@ -93,13 +95,15 @@ class Fleet:
         return self.genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *extra, *datasets)
 
     def start_worker(self, pool: str, *upstreams: str, concurrency: int | None = None,
-                     wait: bool = True) -> WorkerProcess:
+                     wait: bool = True, metrics_port: int | None = None) -> WorkerProcess:
         log = self.workdir / f"worker-{pool}-{len(self.workers)}.log"
         args = [sys.executable, "-m", "genfleet", "worker", "--pool", pool, "--loglevel", "INFO"]
         for url in upstreams:
             args += ["--upstream", url]
         if concurrency:
             args += ["--concurrency", str(concurrency)]
+        if metrics_port:
+            args += ["--metrics-port", str(metrics_port)]
         handle = open(log, "w")
         process = subprocess.Popen(args, env=self.env, cwd=self.workdir, stdout=handle,
                                    stderr=subprocess.STDOUT)

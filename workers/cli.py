@@ -13,6 +13,9 @@ from common.queues import LONG, PARTITIONS, SHORT
 # In flight per SGLang host (DESIGN.md): long prompts hold far more KV cache each.
 IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
 
+FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
+FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
+
 
 def worker_command(
     pool: Annotated[str, typer.Option(help="Queue to consume: short or long")],
@@ -24,6 +27,8 @@ def worker_command(
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Local model dir: split reasoning on token ids; needed by --regenerate all over /generate")] = None,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        help="Prometheus /metrics port (default GENFLEET_METRICS_PORT, else 9650 short / 9651 long; 0: off)")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
 ) -> None:
     """Run a Celery worker (threads pool) that streams completions for one queue."""
@@ -31,6 +36,8 @@ def worker_command(
         raise typer.BadParameter(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
     if api is not None:
         os.environ["GENFLEET_API"] = api
+    if metrics_port is not None:
+        os.environ["GENFLEET_METRICS_PORT"] = str(metrics_port)
     if tokenizer is not None:
         os.environ["GENFLEET_TOKENIZER"] = tokenizer
     _apply_overrides(redis_url, upstreams=upstream)
@@ -61,7 +68,12 @@ def flower_command(
     from workers.app import app
 
     argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
-            "--purge_offline_workers=600"]
+            "--purge_offline_workers=600",
+            # Flower's default columns hide args, result and exception: the per-task id and size,
+            # the summary with tok/s, and why a task failed are what an operator looks for.
+            f"--tasks_columns={FLOWER_TASK_COLUMNS}",
+            # Its runtime histogram stops at 10 s by default; our tasks run for minutes.
+            "--task_runtime_metric_buckets=" + ",".join(str(b) for b in FLOWER_RUNTIME_BUCKETS)]
     auth = get_settings().flower_auth
     if auth:
         argv.append(f"--basic-auth={auth}")
@@ -132,7 +144,12 @@ def requeue_command(
             console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})", markup=False)
         console.print(f"{len(chosen)} dead letters would be requeued")
         return
+    from rich.progress import track
+
     from workers.app import app
 
-    count = requeue(state, app, chosen, max_new_tokens=max_new_tokens)
+    # Each letter is published and dropped from the store one by one: thousands take a while.
+    letters = track(chosen, description="requeueing", console=console, disable=not console.is_terminal,
+                    transient=True)
+    count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
     console.print(f"requeued {count} dead letters of run {run}")

@@ -14,10 +14,24 @@ class GenerationError(Exception):
     def __init__(self, message: str, *, upstream: str | None = None) -> None:
         super().__init__(message)
         self.upstream = upstream
+        # Set once the prompt is dead-lettered: "permanent" or "exhausted after N attempts".
+        self.dead_letter: str | None = None
 
     @property
     def retryable(self) -> bool:
         return self.error_class == TRANSIENT
+
+    def as_dead_letter(self, dead_letter_class: str, attempts: int) -> GenerationError:
+        """This error, marked as the end of the prompt's attempts (what Flower shows for it)."""
+        self.dead_letter = (f"{dead_letter_class} after {attempts} attempts" if dead_letter_class == EXHAUSTED
+                            else dead_letter_class)
+        return self
+
+    def __repr__(self) -> str:
+        # Flower's task list and Celery's log show repr(): the type alone does not say whether a
+        # retry follows (transient) or the prompt went to the dead letters, and after how many tries.
+        verdict = f"{self.dead_letter}, dead-lettered" if self.dead_letter else self.error_class
+        return f"{type(self).__name__}({f'{verdict}: {self}'!r})"
 
 
 class TransientError(GenerationError):

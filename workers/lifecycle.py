@@ -13,7 +13,8 @@ from typing import Any
 
 from celery.signals import task_postrun, task_received, worker_ready, worker_shutdown, worker_shutting_down
 
-from workers.runtime import SHUTDOWN, close_runtime, get_runtime
+from workers import telemetry
+from workers.runtime import SHUTDOWN, close_runtime, get_runtime, pool_config
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 @worker_ready.connect
 def _start_background(**_: Any) -> None:
     get_runtime().start_background()
+    telemetry.start(get_runtime(), *pool_config())  # beacon for `status`, Prometheus /metrics
 
 
 @task_received.connect
@@ -48,5 +50,6 @@ def _stop_streams_after_grace(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _close(**_: Any) -> None:
+    telemetry.stop()
     close_runtime()
 

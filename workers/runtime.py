@@ -73,6 +73,11 @@ def configure(pool: str, concurrency: int) -> None:
     _pool_name, _concurrency = pool, concurrency
 
 
+def pool_config() -> tuple[str, int]:
+    """(pool name, task slots) as `genfleet worker` configured this process."""
+    return _pool_name, _concurrency
+
+
 def get_runtime() -> WorkerRuntime:
     global _runtime
     with _lock:

@@ -24,6 +24,7 @@ from workers.errors import (
     EXHAUSTED, GenerationError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
 )
 from workers import lifecycle  # noqa: F401 - wires the worker's signals
+from workers import telemetry
 from workers.runtime import SHUTDOWN, WorkerRuntime, get_runtime
 from workers.sglang_client import Generation
 from workers.turns import history_before, reply_positions
@@ -64,6 +65,7 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
     state.mark_done(payload.dataset, payload.row, outcome)
+    telemetry.completed(runtime, payload, record)  # rates and lengths for `status`, Prometheus
     return summary(record)
 
 
@@ -95,7 +97,8 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
                  deadline: float) -> tuple[Generation, str]:
     settings, pool = runtime.settings, runtime.upstreams
     input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
-    with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0)) as upstream:
+    with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
+                    should_stop=SHUTDOWN.is_set) as upstream:
         try:
             if settings.api == "chat":
                 generation = runtime.client.chat(upstream, chat_request(payload, prompt), deadline=deadline,
@@ -180,18 +183,19 @@ def outcome_of(record: CompletionRecord, parser: str, chat_template_kwargs: dict
 def summary(record: CompletionRecord) -> dict[str, Any]:
     """What Flower's task list shows for a finished prompt."""
     seconds = record.timing.duration_s
+    # Throughput first: Flower's task list cuts the result's repr short (the id is in its args).
     return {
-        "id": record.id, "finish_reason": record.finish_reason,
-        "completion_tokens": record.usage.completion_tokens,
-        "reasoning_tokens": record.usage.reasoning_tokens, "upstream": record.upstream,
-        "seconds": round(seconds, 3),
         "tok_s": round(record.usage.completion_tokens / seconds, 1) if seconds > 0 else None,
+        "completion_tokens": record.usage.completion_tokens,
+        "reasoning_tokens": record.usage.reasoning_tokens, "finish_reason": record.finish_reason,
+        "seconds": round(seconds, 3), "upstream": record.upstream, "id": record.id,
     }
 
 
 def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
                     error: GenerationError) -> NoReturn:
     settings = runtime.settings
+    telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
     if isinstance(error, UpstreamAborted):
         runtime.run_state(payload.run).count(payload.dataset, "aborted")
     if error.retryable and payload.attempt < settings.max_attempts:
@@ -199,7 +203,8 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
         retry = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
                                        "failed_upstream": error.upstream})
         try:
-            raise task.retry(args=[retry.to_dict()], countdown=countdown, exc=error)
+            raise task.retry(args=[retry.to_dict()], countdown=countdown, exc=error,
+                             argsrepr=telemetry.argsrepr(retry))  # else Flower shows the whole prompt
         except Retry:
             raise
         except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
@@ -207,8 +212,8 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
             raise Reject("retry not published", requeue=True) from None
     error_class = EXHAUSTED if error.retryable else error.error_class
     runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
-    # Raising marks the task FAILURE in Flower with the error's type and message.
-    raise error
+    # Raising marks the task FAILURE in Flower with the error's type, class and message.
+    raise error.as_dead_letter(error_class, payload.attempt)
 
 
 def retry_countdown(attempt: int, base_s: float, max_s: float) -> float:

@@ -13,11 +13,11 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
-from workers.errors import TransientError
+from workers.errors import ShutdownRequested, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,15 @@ class UpstreamPool:
         return list(self.states)
 
     @contextmanager
-    def lease(self, *, avoid: str | None = None, wait_s: float = 600.0) -> Iterator[str]:
+    def lease(self, *, avoid: str | None = None, wait_s: float = 600.0,
+              should_stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
         """One slot on the least busy healthy upstream, other than `avoid` (the one that just failed)
         when another can take it."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while (state := self._pick(avoid)) is None:
+                if should_stop():
+                    raise ShutdownRequested()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "

@@ -1,0 +1,79 @@
+"""The problems `genfleet status` puts in red: one line each, saying what is wrong and what to check.
+
+Data quality (empty reasoning, truncation) is judged per dataset once it has a few completions;
+fleet health (errors, no progress, upstreams, no workers) per run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.run_status import RunStatus
+
+# Shares of a dataset's completions, once it has a few.
+EMPTY_REASONING_ALARM = 0.05
+TRUNCATION_ALARM = 0.10
+ALARM_MIN_SAMPLES = 5
+# Failed attempts (retried or not) over all attempts in the last 10 minutes, once there are a few.
+ERROR_RATE_ALARM = 0.05
+ERROR_MIN_ATTEMPTS = 10
+# A fleet that finishes nothing for this long while prompts wait is stuck.
+NO_PROGRESS_S = 600.0
+
+
+@dataclass(frozen=True)
+class AlarmSettings:
+    no_progress_s: float = NO_PROGRESS_S
+    error_rate: float = ERROR_RATE_ALARM
+    truncation: float = TRUNCATION_ALARM
+
+
+DEFAULT_ALARMS = AlarmSettings()
+
+
+def alarms(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS) -> list[str]:
+    """One line per problem an operator must look at now."""
+    return [*quality_alarms(status, settings), *fleet_alarms(status, settings)]
+
+
+def quality_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
+    lines = []
+    for row in status.datasets:
+        d = row.progress
+        if d.done < ALARM_MIN_SAMPLES:
+            continue
+        # Counted only where the parser and template say the output starts in reasoning.
+        if d.empty_reasoning / d.done > EMPTY_REASONING_ALARM:
+            lines.append(f"{d.dataset}: {100 * d.empty_reasoning / d.done:.0f}% of completions have empty "
+                         "reasoning on a reasoning model: check GENFLEET_REASONING_PARSER and that the "
+                         "template's <think> is not lost (skip_special_tokens)")
+        if d.truncated / d.done > settings.truncation:
+            lines.append(f"{d.dataset}: {100 * d.truncated / d.done:.0f}% of completions stopped at "
+                         "max_new_tokens (finish_reason length): raise the cap or expect cut-off answers")
+    return lines
+
+
+def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
+    lines = []
+    recent = status.totals.rates["10m"]
+    attempts = recent.requests + recent.errors
+    if recent.error_share is not None and attempts >= ERROR_MIN_ATTEMPTS and recent.error_share > settings.error_rate:
+        worst = max(status.datasets, key=lambda row: row.rates["10m"].errors)
+        lines.append(f"errors: {100 * recent.error_share:.0f}% of attempts failed in the last 10 min "
+                     f"({recent.errors:.0f}, most in {worst.name}): see `genfleet failures --run {status.run}` "
+                     "and the worker logs")
+    pending = status.progress.totals().pending
+    if pending:
+        since = status.last_finished or status.created_at
+        if since is not None and status.time - since > settings.no_progress_s:
+            what = "no prompt finished" if status.last_finished else "no prompt has finished since enqueue"
+            lines.append(f"no progress: {what} for {(status.time - since) / 60:.0f} min while {pending:,} "
+                         "are pending: are workers running, and their upstreams answering? (Flower, worker logs)")
+        if status.workers == 0:
+            lines.append(f"no live worker (no beacon in the last 10 s) while {pending:,} prompts are pending: "
+                         "start `genfleet worker --pool short|long --upstream URL`")
+    for upstream in status.upstreams:
+        if upstream.down_in:
+            lines.append(f"upstream {upstream.url} is down (circuit open in {upstream.down_in} of "
+                         f"{upstream.workers} workers using it): its requests wait or go to other hosts; "
+                         "check the SGLang server and its /health")
+    return lines

@@ -1,0 +1,171 @@
+"""Live statistics of a run: per-minute rate buckets (prompts, tokens, request seconds, failed
+attempts per dataset and partition), completion-length histograms and when the run last made progress.
+
+Workers write them with one pipelined round trip per finished prompt (`record_completion`) or
+failed attempt (`record_failure`); `genfleet status` reads them (`read_rates`, `read_lengths`).
+Memory stays bounded: rate buckets expire after two hours, histograms are a few hundred bytes.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+from common.keys import RATE_BUCKET_TTL_S, RunKeys
+from common.length_histogram import LengthHistogram, bucket_of
+
+# The windows `status` shows: last minute and last ten minutes.
+WINDOWS_S = (60, 600)
+_BUCKET_S = 60
+
+
+def record_completion(client: redis.Redis, run: str, dataset: str, partition: str, completion_tokens: int,
+                      seconds: float = 0.0, now: float | None = None) -> None:
+    """A finished prompt: `seconds` is how long its requests ran (for one stream's decode speed)."""
+    now = time.time() if now is None else now
+    keys = RunKeys(run)
+    bucket = keys.rate_bucket(int(now // _BUCKET_S))
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(bucket, _field("req", partition, dataset), 1)
+    pipe.hincrby(bucket, _field("tok", partition, dataset), completion_tokens)
+    if seconds > 0:
+        pipe.hincrbyfloat(bucket, _field("sec", partition, dataset), round(seconds, 3))
+    pipe.expire(bucket, RATE_BUCKET_TTL_S)
+    pipe.hincrby(keys.lengths(dataset), bucket_of(completion_tokens), 1)
+    pipe.hincrby(keys.partition_done, f"{partition}:{dataset}", 1)
+    pipe.hsetnx(keys.activity, "first", now)
+    pipe.hset(keys.activity, "last", now)
+    pipe.execute()
+
+
+def record_failure(client: redis.Redis, run: str, dataset: str, partition: str, now: float | None = None) -> None:
+    """A failed attempt, retried or not: feeds the error-rate alarm."""
+    now = time.time() if now is None else now
+    bucket = RunKeys(run).rate_bucket(int(now // _BUCKET_S))
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(bucket, _field("err", partition, dataset), 1)
+    pipe.expire(bucket, RATE_BUCKET_TTL_S)
+    pipe.execute()
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    """What finished in a window, and the seconds it spans (less than asked early in a run)."""
+    seconds: float
+    requests: float = 0.0
+    tokens: float = 0.0
+    errors: float = 0.0
+    request_seconds: float = 0.0  # how long the finished prompts' requests ran, summed
+
+    @property
+    def stream_tok_s(self) -> float:
+        """Decode speed of one stream: tokens per second of request time."""
+        return self.tokens / self.request_seconds if self.request_seconds > 0 else 0.0
+
+    @property
+    def req_per_min(self) -> float:
+        return 60 * self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def error_share(self) -> float | None:
+        """Failed attempts over all attempts that ended in the window."""
+        attempts = self.requests + self.errors
+        return self.errors / attempts if attempts else None
+
+    def plus(self, other: WindowCounts) -> WindowCounts:
+        return WindowCounts(self.seconds, self.requests + other.requests, self.tokens + other.tokens,
+                            self.errors + other.errors, self.request_seconds + other.request_seconds)
+
+
+# (dataset, partition) -> window seconds -> counts
+Rates = dict[tuple[str, str], dict[int, WindowCounts]]
+
+
+def read_rates(client: redis.Redis, run: str, *, since: float | None, now: float | None = None,
+               windows: Iterable[int] = WINDOWS_S) -> Rates:
+    """Counts per dataset and partition over each window ending now. `since` (the run's start) caps
+    a window's span, so a run two minutes old is not averaged over ten."""
+    now = time.time() if now is None else now
+    windows = tuple(windows)
+    keys = RunKeys(run)
+    current = int(now // _BUCKET_S)
+    oldest = int((now - max(windows)) // _BUCKET_S)
+    minutes = list(range(oldest, current + 1))
+    pipe = client.pipeline(transaction=False)
+    for minute in minutes:
+        pipe.hgetall(keys.rate_bucket(minute))
+    buckets = dict(zip(minutes, pipe.execute(), strict=True))
+
+    rates: Rates = {}
+    for window in windows:
+        start = now - window
+        span = min(window, now - since) if since is not None else window
+        for minute, raw in buckets.items():
+            weight = window_weight(minute, start, now)
+            if weight <= 0:
+                continue
+            for key, value in raw.items():
+                metric, partition, dataset = _parse_field(key)
+                slot = rates.setdefault((dataset, partition), {})
+                counts = slot.get(window, WindowCounts(max(span, 1.0)))
+                slot[window] = counts.plus(_counts(metric, weight * float(value)))
+    return rates
+
+
+def window_weight(minute: int, start: float, now: float) -> float:
+    """Share of a minute bucket's events that fall after `start`, assuming they are spread evenly
+    over the part of the minute that has elapsed by `now`."""
+    bucket_start, bucket_end = minute * _BUCKET_S, min((minute + 1) * _BUCKET_S, now)
+    elapsed = bucket_end - bucket_start
+    if elapsed <= 0:
+        return 0.0
+    return max(0.0, min(1.0, (bucket_end - max(bucket_start, start)) / elapsed))
+
+
+def read_lengths(client: redis.Redis, run: str, datasets: list[str]) -> dict[str, LengthHistogram]:
+    keys = RunKeys(run)
+    pipe = client.pipeline(transaction=False)
+    for dataset in datasets:
+        pipe.hgetall(keys.lengths(dataset))
+    return {dataset: LengthHistogram.from_redis(raw) for dataset, raw in zip(datasets, pipe.execute(), strict=True)}
+
+
+def read_partition_done(client: redis.Redis, run: str) -> dict[tuple[str, str], int]:
+    """(dataset, partition) -> prompts finished there."""
+    out = {}
+    for key, value in client.hgetall(RunKeys(run).partition_done).items():
+        partition, _, dataset = _text(key).partition(":")
+        out[(dataset, partition)] = int(value)
+    return out
+
+
+def read_activity(client: redis.Redis, run: str) -> tuple[float | None, float | None]:
+    """(first, last) unix time a prompt of the run finished."""
+    first, last = client.hmget(RunKeys(run).activity, "first", "last")
+    return (float(first) if first else None), (float(last) if last else None)
+
+
+def _field(metric: str, partition: str, dataset: str) -> str:
+    # Partition names have no ':'; dataset names may, so the dataset goes last.
+    return f"{metric}:{partition}:{dataset}"
+
+
+def _parse_field(key: bytes | str) -> tuple[str, str, str]:
+    metric, partition, dataset = _text(key).split(":", 2)
+    return metric, partition, dataset
+
+
+def _counts(metric: str, amount: float) -> WindowCounts:
+    return WindowCounts(0.0, requests=amount if metric == "req" else 0.0,
+                        tokens=amount if metric == "tok" else 0.0, errors=amount if metric == "err" else 0.0,
+                        request_seconds=amount if metric == "sec" else 0.0)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

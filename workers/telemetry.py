@@ -1,0 +1,177 @@
+"""What a worker reports about its work besides the shards: rate buckets and length histograms in
+Redis (for `genfleet status`), Prometheus metrics (`/metrics`), and a beacon with its upstreams'
+health and its tasks in flight.
+
+The task calls `completed` and `failed`; Celery's task start/end signals count tasks in flight;
+`lifecycle` calls `start` when the worker is ready and `stop` when it shuts down. None of it may
+fail a task: the record is already durable when these run, so a lost sample is only logged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import redis
+from celery.signals import task_postrun, task_prerun
+
+from common import beacons, rates
+from common.queues import GENERATE_TASK
+from common.records import CompletionRecord, TaskPayload
+from common.run_state import connect
+from workers.errors import EXHAUSTED, PERMANENT, TRANSIENT, GenerationError
+from workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+def completed(runtime: WorkerRuntime, payload: TaskPayload, record: CompletionRecord) -> None:
+    """A prompt's record is on disk: count it in this minute's rates and the length histogram."""
+    labels = (payload.run, payload.dataset, payload.partition, record.upstream)
+    METRICS.completion_tokens.labels(*labels).inc(record.usage.completion_tokens)
+    METRICS.reasoning_tokens.labels(*labels).inc(record.usage.reasoning_tokens)
+    METRICS.prompt_tokens.labels(*labels).inc(record.usage.prompt_tokens)
+    METRICS.completions.labels(*labels, record.finish_reason).inc()
+    where = (payload.dataset, payload.partition)
+    if record.timing.first_token_s is not None:
+        METRICS.time_to_first_token.labels(*where).observe(record.timing.first_token_s)
+    METRICS.duration.labels(*where).observe(record.timing.duration_s)
+    METRICS.completion_length.labels(*where).observe(record.usage.completion_tokens)
+    try:
+        rates.record_completion(runtime.run_state(payload.run).redis, payload.run, payload.dataset,
+                                payload.partition, record.usage.completion_tokens, record.timing.duration_s)
+    except redis.RedisError as error:
+        log.warning("rates of %s not recorded: %s", payload.id, error)
+
+
+def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:
+    """A failed attempt, whether it will be retried or dead-lettered."""
+    METRICS.errors.labels(payload.run, payload.dataset, payload.partition, type(error).__name__,
+                          outcome_class(error, payload.attempt, runtime.settings.max_attempts)).inc()
+    try:
+        rates.record_failure(runtime.run_state(payload.run).redis, payload.run, payload.dataset, payload.partition)
+    except redis.RedisError as redis_error:
+        log.warning("failure of %s not recorded: %s", payload.id, redis_error)
+
+
+def argsrepr(payload: TaskPayload) -> str:
+    """What Flower shows as a retried task's args: Celery would otherwise repr the whole payload,
+    prompt included. Same shape as the producer's, plus the attempt."""
+    return f"{payload.id} {payload.partition} {payload.prompt_tokens} prompt tokens (attempt {payload.attempt})"
+
+
+def outcome_class(error: GenerationError, attempt: int, max_attempts: int) -> str:
+    """transient (will be retried), permanent, or exhausted: the dead-letter classes of DESIGN.md."""
+    if not error.retryable:
+        return PERMANENT
+    return TRANSIENT if attempt < max_attempts else EXHAUSTED
+
+
+class InFlight:
+    """Tasks executing in this process, per run, dataset and partition: for the beacon and the gauge."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def change(self, key: tuple[str, str, str], delta: int) -> None:
+        with self._lock:
+            self._counts[key] += delta
+            if self._counts[key] <= 0:
+                del self._counts[key]
+        METRICS.tasks_in_flight.labels(*key).inc(delta)
+
+    def by_run(self) -> dict[str, dict[str, int]]:
+        """run -> "partition:dataset" -> count (the beacon's shape)."""
+        with self._lock:
+            out: dict[str, dict[str, int]] = {}
+            for (run, dataset, partition), count in self._counts.items():
+                out.setdefault(run, {})[f"{partition}:{dataset}"] = count
+            return out
+
+
+IN_FLIGHT = InFlight()
+
+
+def _task_key(task: Any, args: Any) -> tuple[str, str, str] | None:
+    if getattr(task, "name", None) != GENERATE_TASK or not args or not isinstance(args[0], dict):
+        return None
+    payload = args[0]
+    return str(payload.get("run")), str(payload.get("dataset")), str(payload.get("partition"))
+
+
+@task_prerun.connect
+def _task_started(task: Any = None, args: Any = None, **_: Any) -> None:
+    key = _task_key(task, args)
+    if key:
+        IN_FLIGHT.change(key, +1)
+
+
+@task_postrun.connect
+def _task_ended(task: Any = None, args: Any = None, **_: Any) -> None:
+    key = _task_key(task, args)
+    if key:
+        IN_FLIGHT.change(key, -1)
+
+
+class Beacon:
+    """Publishes this worker's upstream health and tasks in flight every few seconds, with a TTL."""
+
+    def __init__(self, client: redis.Redis, runtime: WorkerRuntime, pool: str, slots: int) -> None:
+        self.redis, self.runtime, self.pool, self.slots = client, runtime, pool, slots
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="telemetry-beacon", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            beacons.withdraw(self.redis, self.runtime.name)
+        except redis.RedisError:
+            pass  # it expires anyway
+
+    def publish_once(self) -> None:
+        pool = self.runtime.upstreams
+        in_flight, healthy = pool.in_flight(), set(pool.healthy())
+        beacons.publish(self.redis, beacons.WorkerBeacon(
+            name=self.runtime.name, pool=self.pool, slots=self.slots, time=time.time(),
+            upstreams=[beacons.UpstreamHealth(url, url in healthy, count) for url, count in in_flight.items()],
+            in_flight=IN_FLIGHT.by_run(),
+        ))
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.publish_once()
+            except redis.RedisError as error:
+                log.warning("beacon not published: %s", error)
+            if self._stop.wait(beacons.BEACON_INTERVAL_S):
+                return
+
+
+_beacon: Beacon | None = None
+
+
+def start(runtime: WorkerRuntime, pool: str, slots: int) -> None:
+    """When the worker is ready: the beacon, and /metrics unless its port is 0."""
+    global _beacon
+    client = connect(runtime.redis_url)
+    _beacon = Beacon(client, runtime, pool, slots)
+    _beacon.start()
+    METRICS.slots.labels(pool).set(slots)
+    port = runtime.settings.metrics_port
+    port = DEFAULT_PORTS.get(pool, 0) if port is None else port
+    if port:
+        METRICS.registry.register(FleetCollector(client, lambda: (runtime.upstreams.in_flight(),
+                                                                  runtime.upstreams.healthy())))
+        serve(port)
+
+
+def stop() -> None:
+    if _beacon is not None:
+        _beacon.stop()
