@@ -41,16 +41,17 @@ def worker_command(
     if tokenizer is not None:
         os.environ["GENFLEET_TOKENIZER"] = tokenizer
     _apply_overrides(redis_url, upstreams=upstream)
-    slots = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
+    in_flight = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
 
     # One INFO line per HTTP request would drown the task log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from workers import runtime
-    runtime.configure(pool, slots)
+    runtime.configure(pool, in_flight)
+    threads = in_flight + runtime.SPARE_THREADS
     from workers.app import app
 
     app.worker_main(argv=[
-        "worker", "--pool=threads", f"--concurrency={slots}", f"--queues={pool}",
+        "worker", "--pool=threads", f"--concurrency={threads}", f"--queues={pool}",
         f"--hostname={pool}-{os.getpid()}@%h", "--task-events", "--without-gossip", "--without-mingle",
         f"--loglevel={loglevel}",
     ])

@@ -64,11 +64,15 @@ class WorkerRuntime:
 _runtime: WorkerRuntime | None = None
 _lock = threading.Lock()
 _pool_name = os.environ.get("GENFLEET_POOL", "worker")
-_concurrency = 0
+_concurrency = 0  # requests in flight across all upstreams
+# Threads beyond the in-flight cap: while one thread fsyncs its record, acks and fetches the next
+# task, a spare one already holds the next stream, so the server's slots never sit empty.
+SPARE_THREADS = 16
 
 
 def configure(pool: str, concurrency: int) -> None:
-    """Called by `genfleet worker` before Celery starts; names the shards after the pool."""
+    """Called by `genfleet worker` before Celery starts: the pool names the shards; `concurrency`
+    is requests in flight (Celery gets SPARE_THREADS more threads)."""
     global _pool_name, _concurrency
     _pool_name, _concurrency = pool, concurrency
 
@@ -91,7 +95,7 @@ def get_runtime() -> WorkerRuntime:
             _runtime = WorkerRuntime(
                 settings=settings,
                 name=name,
-                client=SglangClient(max_connections=max(_concurrency, 150) + 16,
+                client=SglangClient(max_connections=max(_concurrency, 150) + SPARE_THREADS + 16,
                                     connect_timeout_s=settings.connect_timeout_s,
                                     stall_timeout_s=settings.stall_timeout_s),
                 upstreams=upstreams,
@@ -107,7 +111,7 @@ def get_runtime() -> WorkerRuntime:
 
 def _per_upstream_cap(settings: Settings) -> int:
     hosts = max(len(settings.upstreams), 1)
-    return max(_concurrency // hosts, 1) if _concurrency else 150
+    return max(-(-_concurrency // hosts), 1) if _concurrency else 150
 
 
 def close_runtime() -> None:

@@ -1,0 +1,1 @@
+"""`make bench`: throughput, occupancy, CPU per token, enqueue rate, scaling, export."""

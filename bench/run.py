@@ -1,0 +1,107 @@
+"""`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
+
+    .venv/bin/python bench/run.py [--repeats 2] [--quick] [--only throughput,scaling,enqueue,export]
+                                  [--out bench/results.md]
+
+Each repetition runs throughput (genfleet against the baseline script, the order alternating),
+scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark runs once (it is a few minutes
+on its own). Every benchmark starts and stops its own redis-server, simulators and workers; Ctrl-C
+stops them all. `--quick` shrinks every size to check the harness, not to measure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import report, scaling, standalone, throughput  # noqa: E402
+from bench.processes import REPO, interrupt_on_signals  # noqa: E402
+
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export")
+ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
+EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
+DEFAULT_OUT = REPO / "bench" / "results.md"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the table shows medians")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
+    parser.add_argument("--only", default=",".join(MEASUREMENTS),
+                        help=f"comma-separated subset of {', '.join(MEASUREMENTS)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--json", type=Path, help="also write every run's raw figures here (default with the "
+                        "default --out: bench/results/raw.json, which git ignores)")
+    args = parser.parse_args()
+    if args.json is None and args.out == DEFAULT_OUT:
+        args.json = REPO / "bench" / "results" / "raw.json"
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = set(only) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    interrupt_on_signals()
+
+    results = report.Results(quick=args.quick, repeats=args.repeats, only=only, machine=report.machine_info())
+    started = time.monotonic()
+    tp_profile = throughput.QUICK if args.quick else throughput.FULL
+    sc_profile = scaling.QUICK if args.quick else scaling.FULL
+    results.throughput_profile, results.scaling_profile = tp_profile, sc_profile
+    try:
+        for repeat in range(1, args.repeats + 1):
+            if "throughput" in only:
+                log(f"throughput {repeat}/{args.repeats}: {tp_profile.describe()}")
+                with tempfile.TemporaryDirectory(prefix="genfleet-bench-prompts-") as tmp:
+                    comparison = throughput.compare(tp_profile, Path(tmp), baseline_first=repeat % 2 == 0)
+                results.throughput.append(comparison)
+                log(f"  genfleet {comparison.genfleet.tokens_per_s:,.0f} tok/s in {comparison.genfleet.wall_s:.1f} s, "
+                    f"baseline {comparison.baseline.tokens_per_s:,.0f} tok/s in {comparison.baseline.wall_s:.1f} s")
+            if "scaling" in only:
+                log(f"scaling {repeat}/{args.repeats}: {sc_profile.describe()}")
+                outcome = scaling.measure(sc_profile)
+                results.scaling.append(outcome)
+                log("  " + ", ".join(f"{r.hosts} hosts {r.tokens_per_s:,.0f} tok/s" for r in outcome.results))
+            if "enqueue" in only:
+                prompts = ENQUEUE_PROMPTS[args.quick]
+                log(f"enqueue rate {repeat}/{args.repeats}: {prompts:,} prompts")
+                try:
+                    rate = standalone.enqueue_rate(prompts)
+                    results.enqueue.append(rate)
+                    log(f"  {rate['end_to_end_per_s']:,} prompts/s end to end")
+                except standalone.NotMeasured as error:
+                    results.enqueue_error = str(error)
+                    log(f"  not measured: {error}")
+        if "export" in only:
+            records = EXPORT_RECORDS[args.quick]
+            log(f"export: {records:,} records (once)")
+            try:
+                results.export = standalone.export_memory(records)
+                log(f"  {results.export['main']['records_per_s']:,} records/s, "
+                    f"peak {results.export['main']['peak_rss_mb']} MB")
+            except standalone.NotMeasured as error:
+                results.export_error = str(error)
+                log(f"  not measured: {error}")
+    except KeyboardInterrupt:
+        log("interrupted: every process this bench started is stopped; no report written")
+        sys.exit(130)
+    results.machine.finish()
+    results.elapsed_s = time.monotonic() - started
+    args.out.write_text(report.render(results))
+    log(f"wrote {args.out} in {results.elapsed_s / 60:.1f} min")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results.raw(), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
