@@ -53,14 +53,13 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     state = runtime.run_state(payload.run)
     if state.is_done(payload.dataset, payload.row):
         return {"id": payload.id, "skipped": "already done"}
-    budget = payload.max_tokens_per_dataset
-    if budget is not None and state.completion_tokens(payload.dataset) >= budget:
-        # Checked before generating: in-flight prompts may overshoot the budget by their own length.
-        state.mark_skipped(payload.dataset, payload.row)
-        return {"id": payload.id, "skipped": f"dataset token budget of {budget} spent"}
     started_at = time.time()
     deadline = time.monotonic() + runtime.settings.task_deadline_s
-    turns, prompt = generate_turns(payload, runtime, deadline)
+    try:
+        turns, prompt = generate_turns(payload, runtime, deadline)
+    except BudgetSpent:
+        state.mark_skipped(payload.dataset, payload.row)
+        return {"id": payload.id, "skipped": f"dataset token budget of {payload.max_tokens_per_dataset} spent"}
     record = build_record(payload, runtime, turns, prompt, started_at)
     runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
@@ -99,6 +98,10 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
                     should_stop=SHUTDOWN.is_set) as upstream:
+        # Checked once a slot is held, right before generating: a spare thread may have waited.
+        # Prompts already streaming may still overshoot the budget by their own length.
+        if budget_spent(payload, runtime):
+            raise BudgetSpent()
         try:
             if settings.api == "chat":
                 generation = runtime.client.chat(upstream, chat_request(payload, prompt), deadline=deadline,
@@ -112,6 +115,15 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             raise
         pool.report(upstream, ok=True)
         return generation, upstream
+
+
+class BudgetSpent(Exception):
+    """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
+
+
+def budget_spent(payload: TaskPayload, runtime: WorkerRuntime) -> bool:
+    budget = payload.max_tokens_per_dataset
+    return budget is not None and runtime.run_state(payload.run).completion_tokens(payload.dataset) >= budget
 
 
 def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:
