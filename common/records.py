@@ -40,6 +40,10 @@ class TaskPayload:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def argsrepr(self, note: str = "") -> str:
+        """What Flower shows as the task's args: the id and size, never the prompt itself."""
+        return f"{self.id} {self.partition} {self.prompt_tokens} prompt tokens" + (f" ({note})" if note else "")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskPayload:
         return cls(**data)

@@ -161,10 +161,8 @@ class _BatchPass:
             keep_token_ids=self.config.keep_token_ids, regenerate=self.config.regenerate,
             max_tokens_per_dataset=dataset.max_tokens_per_dataset,
         )
-        # What Flower shows: the id and size, never the whole prompt.
-        argsrepr = f"{candidate.id} {partition} {prompt_tokens} prompt tokens"
         # A dataclass's __dict__ is asdict() without the deep copy of every message.
-        task = self.destination.encode(candidate.source.row, partition, payload.__dict__, argsrepr)
+        task = self.destination.encode(candidate.source.row, partition, payload.__dict__, payload.argsrepr())
         self.report.prompt_tokens[partition].append(prompt_tokens)
         self.report.message_bytes[partition] += len(task.message)
         return task

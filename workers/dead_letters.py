@@ -73,8 +73,7 @@ def requeue(state: RunState, app: Celery, letters: Iterable[DeadLetter], *,
             if max_new_tokens is not None:
                 payload.max_new_tokens = max_new_tokens
             app.send_task(GENERATE_TASK, args=[payload.to_dict()], queue=payload.partition, producer=producer,
-                          argsrepr=f"{payload.id} {payload.partition} {payload.prompt_tokens} prompt tokens "
-                                   "(requeued)", kwargsrepr="{}")
+                          argsrepr=payload.argsrepr("requeued"), kwargsrepr="{}")
             state.forget_dead_letter(payload.dataset, letter.id)
             count += 1
     return count

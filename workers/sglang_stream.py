@@ -42,7 +42,11 @@ class StreamAssembler:
         ids_cumulative = self.ids_cumulative is not False
         # 0.5.23 streams text the way it streams ids; 0.5.2 always streamed cumulative text.
         text_cumulative = ids_cumulative or "num_retractions" not in meta
-        self.output_ids = list(ids) if ids_cumulative else self.output_ids + list(ids)
+        # json.loads gave a fresh list: keep it (cumulative) or extend in place (deltas), no copies.
+        if ids_cumulative:
+            self.output_ids = ids
+        else:
+            self.output_ids.extend(ids)
         self.text = text if text_cumulative else self.text + text
         self.meta.update(meta)
         if final:

@@ -63,8 +63,9 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     record = build_record(payload, runtime, turns, prompt, started_at)
     runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
-    state.mark_done(payload.dataset, payload.row, outcome)
-    telemetry.completed(runtime, payload, record)  # rates and lengths for `status`, Prometheus
+    if state.mark_done(payload.dataset, payload.row, outcome):
+        # A record written twice (a crash before the ack) is counted once, like the counters.
+        telemetry.completed(runtime, payload, record)  # rates and lengths for `status`, Prometheus
     return summary(record)
 
 
@@ -215,8 +216,9 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
         retry = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
                                        "failed_upstream": error.upstream})
         try:
+            # Our own argsrepr, or Flower would show the whole payload, prompt included.
             raise task.retry(args=[retry.to_dict()], countdown=countdown, exc=error,
-                             argsrepr=telemetry.argsrepr(retry))  # else Flower shows the whole prompt
+                             argsrepr=retry.argsrepr(f"attempt {retry.attempt}"))
         except Retry:
             raise
         except Exception:  # noqa: BLE001 - the retry could not be published (broker down)

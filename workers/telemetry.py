@@ -57,12 +57,6 @@ def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError)
         log.warning("failure of %s not recorded: %s", payload.id, redis_error)
 
 
-def argsrepr(payload: TaskPayload) -> str:
-    """What Flower shows as a retried task's args: Celery would otherwise repr the whole payload,
-    prompt included. Same shape as the producer's, plus the attempt."""
-    return f"{payload.id} {payload.partition} {payload.prompt_tokens} prompt tokens (attempt {payload.attempt})"
-
-
 def outcome_class(error: GenerationError, attempt: int, max_attempts: int) -> str:
     """transient (will be retried), permanent, or exhausted: the dead-letter classes of DESIGN.md."""
     if not error.retryable:
