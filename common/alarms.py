@@ -39,6 +39,10 @@ def quality_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
     lines = []
     for row in status.datasets:
         d = row.progress
+        if d.integrity:  # any at all: a server or proxy that corrupts streams corrupts data
+            lines.append(f"{d.dataset}: {d.integrity:,} attempts failed the stream integrity check (ids, "
+                         "completion_tokens and text disagreed; nothing was written, the prompts were retried): "
+                         "check the upstream's streaming mode and any proxy between (worker logs name the host)")
         if d.done < ALARM_MIN_SAMPLES:
             continue
         # Counted only where the parser and template say the output starts in reasoning.

@@ -23,6 +23,8 @@ COUNTER_FIELDS = (
     "prompt_tokens", "completion_tokens", "reasoning_tokens",
     # Data-quality counters: a reasoning model with empty reasoning is the classic silent bug.
     "truncated", "empty_reasoning", "empty_content", "aborted",
+    # Attempts whose stream contradicted itself (nothing was written; the prompt was retried).
+    "integrity",
 )
 
 # Set the done bit and count the record only the first time: a task run twice (a worker died

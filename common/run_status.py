@@ -36,6 +36,7 @@ class DatasetProgress:
     empty_reasoning: int
     empty_content: int
     aborted: int
+    integrity: int
 
     @property
     def pending(self) -> int:

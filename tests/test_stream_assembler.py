@@ -26,7 +26,7 @@ def feed_all(chunks):
 
 def test_cumulative_chunks_are_replaced_not_appended():
     chunks = [{"text": "".join(WORDS[:n]), "output_ids": IDS[:n], "meta_info": meta(n)} for n in (1, 3)]
-    chunks.append({"text": "".join(WORDS), "output_ids": IDS, "meta_info": meta(6, STOP)})
+    chunks.append({"text": "".join(WORDS), "output_ids": IDS, "meta_info": meta(5, STOP)})
     assembler = feed_all(chunks)
     assert (assembler.text, assembler.output_ids, assembler.ids_cumulative) == ("".join(WORDS), IDS, True)
     assert assembler.finish_reason == STOP
@@ -35,7 +35,7 @@ def test_cumulative_chunks_are_replaced_not_appended():
 def test_incremental_chunks_are_appended():
     chunks = [{"text": WORDS[0], "output_ids": IDS[:1], "meta_info": meta(1)},
               {"text": "".join(WORDS[1:3]), "output_ids": IDS[1:3], "meta_info": meta(3)},
-              {"text": "".join(WORDS[3:]), "output_ids": IDS[3:], "meta_info": meta(6, STOP)}]
+              {"text": "".join(WORDS[3:]), "output_ids": IDS[3:], "meta_info": meta(5, STOP)}]
     assembler = feed_all(chunks)
     assert (assembler.text, assembler.output_ids, assembler.ids_cumulative) == ("".join(WORDS), IDS, False)
 
@@ -43,7 +43,7 @@ def test_incremental_chunks_are_appended():
 def test_sglang_052_cumulative_text_with_delta_ids():
     chunks = [{"text": WORDS[0], "output_ids": IDS[:1], "meta_info": meta(1, new_style=False)},
               {"text": "".join(WORDS[:3]), "output_ids": IDS[1:3], "meta_info": meta(3, new_style=False)},
-              {"text": "".join(WORDS), "output_ids": IDS[3:], "meta_info": meta(6, STOP, new_style=False)}]
+              {"text": "".join(WORDS), "output_ids": IDS[3:], "meta_info": meta(5, STOP, new_style=False)}]
     assembler = feed_all(chunks)
     assert (assembler.text, assembler.output_ids) == ("".join(WORDS), IDS)
 

@@ -122,7 +122,7 @@ def failures_command(
 def requeue_command(
     run: Annotated[str, typer.Option(help="Run id")],
     dataset: Annotated[Optional[str], typer.Option(help="Only this dataset")] = None,
-    error_class: Annotated[Optional[str], typer.Option(help="Only this class: transient, permanent, exhausted")] = None,
+    error_class: Annotated[Optional[str], typer.Option(help="Only this class: permanent, exhausted, integrity")] = None,
     match: Annotated[Optional[str], typer.Option(help="Only letters whose message contains this text")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(
         help="Override max_new_tokens (e.g. to fit the context)")] = None,

@@ -4,10 +4,14 @@ from __future__ import annotations
 TRANSIENT = "transient"
 PERMANENT = "permanent"
 EXHAUSTED = "exhausted"
+# A stream that disagreed with itself (ids vs completion_tokens, text vs ids) every time it was tried.
+INTEGRITY = "integrity"
 
 
 class GenerationError(Exception):
     error_class = TRANSIENT
+    # The dead-letter class once a retryable error has used up its attempts.
+    exhausted_class = EXHAUSTED
     # Counts toward the host's circuit breaker: the host, not the request, is at fault.
     blames_upstream = True
 
@@ -23,7 +27,7 @@ class GenerationError(Exception):
 
     def as_dead_letter(self, dead_letter_class: str, attempts: int) -> GenerationError:
         """This error, marked as the end of the prompt's attempts (what Flower shows for it)."""
-        self.dead_letter = (f"{dead_letter_class} after {attempts} attempts" if dead_letter_class == EXHAUSTED
+        self.dead_letter = (f"{dead_letter_class} after {attempts} attempts" if self.retryable
                             else dead_letter_class)
         return self
 
@@ -54,6 +58,15 @@ class DeadlineExceeded(TransientError):
     """The task ran past its own deadline (the threads pool enforces no Celery time limit)."""
 
     blames_upstream = False
+
+
+class IntegrityError(TransientError):
+    """The stream contradicts itself: the assembled ids do not add up to the final
+    `completion_tokens`, a cumulative chunk does not extend the previous one, or the text is not what
+    the ids decode to. Nothing is written; another try (preferably on another host) usually gives a
+    clean stream, and one that never does is dead-lettered as `integrity`, not silently kept."""
+
+    exhausted_class = INTEGRITY
 
 
 class PermanentError(GenerationError):

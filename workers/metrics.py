@@ -53,8 +53,12 @@ class WorkerMetrics:
         self.completions = Counter("genfleet_completions", "Prompts finished and written, by finish reason",
                                    [*per_prompt, "finish_reason"], registry=r)
         self.errors = Counter("genfleet_errors", "Failed attempts by error type and class "
-                              "(transient: retried; permanent or exhausted: dead-lettered)",
+                              "(transient: retried; permanent, exhausted or integrity: dead-lettered)",
                               ["run", "dataset", "partition", "error", "error_class"], registry=r)
+        # Exported as genfleet_integrity_failures_total (prometheus_client appends _total to counters).
+        self.integrity_failures = Counter(
+            "genfleet_integrity_failures", "Attempts whose stream failed the integrity check (nothing written)",
+            ["run", "dataset", "upstream"], registry=r)
         self.tasks_in_flight = Gauge("genfleet_tasks_in_flight", "Tasks executing on this worker",
                                      ["run", "dataset", "partition"], registry=r)
         self.time_to_first_token = Histogram(

@@ -104,8 +104,11 @@ def get_runtime() -> WorkerRuntime:
                                 max_age_s=settings.shard_max_age_s),
                 redis_url=settings.redis_url,
                 tokenizer=tokenizer,
-                splitter=CompletionSplitter(settings.reasoning_parser, tokenizer),
+                splitter=CompletionSplitter(settings.reasoning_parser, tokenizer,
+                                            skip_special_tokens=settings.skip_special_tokens),
             )
+            # A host whose breaker closes again may have restarted with other settings.
+            upstreams.on_recovered = _runtime.client.forget
         return _runtime
 
 

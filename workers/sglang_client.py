@@ -3,7 +3,9 @@ or `/v1/chat/completions` with server-side reasoning split."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -13,7 +15,7 @@ from workers.chat_stream import ChatStreamAssembler
 from workers.errors import (
     DeadlineExceeded, PermanentError, ShutdownRequested, StreamCut, StreamStalled, TransientError,
 )
-from workers.sglang_stream import StreamAssembler
+from workers.sglang_stream import UNKNOWN, StreamAssembler, StreamMode
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}
@@ -29,6 +31,8 @@ class Generation:
     first_token_s: float | None
     duration_s: float
     e2e_latency: float | None = None
+    # The request id sent as `rid` (SGLang's request id: its logs, /abort_request).
+    rid: str | None = None
     # /generate: the raw text (special tokens kept) and ids, split by the worker.
     text: str = ""
     output_ids: list[int] | None = None
@@ -56,9 +60,48 @@ class SglangClient:
         )
         self.stall_timeout_s = stall_timeout_s
         self._model_names: dict[str, str] = {}
+        self._stream_modes: dict[str, StreamMode] = {}
+        self._asking = threading.Lock()  # 150 threads starting at once ask /server_info once
 
     def close(self) -> None:
         self.http.close()
+
+    def forget(self, upstream: str) -> None:
+        """The host came back (its breaker closed): it may have restarted with other settings."""
+        self._model_names.pop(upstream, None)
+        self._stream_modes.pop(upstream, None)
+
+    def stream_mode(self, upstream: str) -> StreamMode:
+        """Cumulative or incremental chunks, as the server's `/server_info` says, asked once per
+        upstream; UNKNOWN (infer from the chunks) where neither it nor `/get_server_info` answers."""
+        mode = self._stream_modes.get(upstream)
+        if mode is not None:
+            return mode
+        with self._asking:
+            mode = self._stream_modes.get(upstream)
+            if mode is None:
+                mode = self._ask_stream_mode(upstream)
+                if mode is not None:
+                    self._stream_modes[upstream] = mode
+        return mode or UNKNOWN
+
+    def _ask_stream_mode(self, upstream: str) -> StreamMode | None:
+        """None: could not ask now (asked again next time); UNKNOWN: the server has no such page."""
+        # /get_server_info is the older name, still an alias in 0.5.23 (entrypoints/http_server.py).
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                response = self.http.get(f"{upstream}{path}", timeout=10.0)
+            except httpx.HTTPError:
+                return None
+            if response.status_code in (404, 405):
+                continue
+            if response.status_code != 200:
+                return None
+            try:
+                return StreamMode.from_server_info(response.json())
+            except ValueError:
+                continue
+        return UNKNOWN
 
     def model_name(self, upstream: str) -> str:
         """The served model's name from `/model_info`, asked once per upstream."""
@@ -74,9 +117,11 @@ class SglangClient:
 
     def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False) -> Generation:
-        """Native `/generate` streaming, cumulative or incremental (read off the chunks)."""
+        """Native `/generate` streaming, cumulative or incremental as the server reports it."""
+        body = {"rid": new_rid(), **body}
+        mode = self.stream_mode(upstream)
         started = time.monotonic()
-        assembler = StreamAssembler()
+        assembler = StreamAssembler(incremental=mode.incremental)
         first_token_s = self._stream(f"{upstream}/generate", body, assembler, started, deadline, should_stop,
                                      has_tokens=lambda: bool(assembler.output_ids))
         meta = assembler.meta
@@ -88,6 +133,7 @@ class SglangClient:
             cached_tokens=int(meta.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
             e2e_latency=meta.get("e2e_latency"), text=assembler.text, output_ids=assembler.output_ids,
+            rid=body["rid"],
         )
 
     def chat(self, upstream: str, body: dict[str, Any], *, deadline: float,
@@ -95,9 +141,10 @@ class SglangClient:
         """`/v1/chat/completions` streaming; asks for usage in the last chunk."""
         started = time.monotonic()
         assembler = ChatStreamAssembler()
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        body = {"rid": new_rid(), **body, "stream": True, "stream_options": {"include_usage": True}}
         first_token_s = self._stream(f"{upstream}/v1/chat/completions", body, assembler, started, deadline,
                                      should_stop, has_tokens=lambda: assembler.has_tokens)
+        assembler.verify()
         usage = assembler.usage
         details = usage.get("completion_tokens_details") or {}
         prompt_details = usage.get("prompt_tokens_details") or {}
@@ -108,7 +155,7 @@ class SglangClient:
             reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
             cached_tokens=int(prompt_details.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
-            reasoning=assembler.reasoning, content=assembler.content,
+            reasoning=assembler.reasoning, content=assembler.content, rid=body["rid"],
         )
 
     def _stream(self, url: str, body: dict[str, Any], assembler: _Assembler, started: float,
@@ -141,6 +188,12 @@ class SglangClient:
         if not assembler.finished:
             raise StreamCut(f"stream from {url} ended after {assembler.chunks} chunks without a finish reason")
         return first_token_s
+
+
+def new_rid() -> str:
+    """SGLang's own default is uuid4().hex (io_struct.py); ours is the same shape, made here so the
+    worker knows it (logs, and `/abort_request` to free a slot)."""
+    return uuid.uuid4().hex
 
 
 def _decode_chunk(data: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from common.run_state import Outcome
 from common.tokenizer import render_prompts
 from workers.app import app
 from workers.errors import (
-    EXHAUSTED, GenerationError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
+    GenerationError, IntegrityError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
 )
 from workers import lifecycle  # noqa: F401 - wires the worker's signals
 from workers import telemetry
@@ -211,6 +211,10 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
     telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
     if isinstance(error, UpstreamAborted):
         runtime.run_state(payload.run).count(payload.dataset, "aborted")
+    if isinstance(error, IntegrityError):
+        log.warning("integrity check failed for %s on %s (attempt %d): %s", payload.id, error.upstream,
+                    payload.attempt, error)
+        runtime.run_state(payload.run).count(payload.dataset, "integrity")
     if error.retryable and payload.attempt < settings.max_attempts:
         countdown = retry_countdown(payload.attempt, settings.retry_backoff_s, settings.retry_backoff_max_s)
         retry = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
@@ -224,7 +228,7 @@ def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
         except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
             log.exception("could not publish the retry of %s; giving the message back", payload.id)
             raise Reject("retry not published", requeue=True) from None
-    error_class = EXHAUSTED if error.retryable else error.error_class
+    error_class = error.exhausted_class if error.retryable else error.error_class
     runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
     # Raising marks the task FAILURE in Flower with the error's type, class and message.
     raise error.as_dead_letter(error_class, payload.attempt)

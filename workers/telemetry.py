@@ -21,7 +21,7 @@ from common import beacons, rates
 from common.queues import GENERATE_TASK
 from common.records import CompletionRecord, TaskPayload
 from common.run_state import connect
-from workers.errors import EXHAUSTED, PERMANENT, TRANSIENT, GenerationError
+from workers.errors import PERMANENT, TRANSIENT, GenerationError, IntegrityError
 from workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
 from workers.runtime import WorkerRuntime
 
@@ -51,6 +51,8 @@ def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError)
     """A failed attempt, whether it will be retried or dead-lettered."""
     METRICS.errors.labels(payload.run, payload.dataset, payload.partition, type(error).__name__,
                           outcome_class(error, payload.attempt, runtime.settings.max_attempts)).inc()
+    if isinstance(error, IntegrityError):
+        METRICS.integrity_failures.labels(payload.run, payload.dataset, error.upstream or "unknown").inc()
     try:
         rates.record_failure(runtime.run_state(payload.run).redis, payload.run, payload.dataset, payload.partition)
     except redis.RedisError as redis_error:
@@ -58,10 +60,10 @@ def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError)
 
 
 def outcome_class(error: GenerationError, attempt: int, max_attempts: int) -> str:
-    """transient (will be retried), permanent, or exhausted: the dead-letter classes of DESIGN.md."""
+    """transient (will be retried), or the dead-letter class: permanent, exhausted or integrity."""
     if not error.retryable:
         return PERMANENT
-    return TRANSIENT if attempt < max_attempts else EXHAUSTED
+    return TRANSIENT if attempt < max_attempts else error.exhausted_class
 
 
 class InFlight:

@@ -54,6 +54,8 @@ class UpstreamPool:
         self.failure_threshold = failure_threshold
         self.open_s = open_s
         self.probe_interval_s = probe_interval_s
+        # Called with a host's URL when its circuit closes again (it may have restarted).
+        self.on_recovered: Callable[[str], None] = lambda url: None
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._prober = threading.Thread(target=self._probe_loop, name="upstream-health", daemon=True)
@@ -119,13 +121,16 @@ class UpstreamPool:
                 continue
             ok = _healthy(url)
             with self._cond:
-                if ok and state.is_open:
+                recovered = ok and state.is_open
+                if recovered:
                     log.warning("circuit closed for %s: /health answered", url)
                     state.open_until, state.consecutive_failures = 0.0, 0
                     self._cond.notify_all()
                 elif not ok:
                     state.consecutive_failures = max(state.consecutive_failures, self.failure_threshold)
                     state.open_until = time.monotonic() + self.open_s
+            if recovered:
+                self.on_recovered(url)
 
     def _pick(self, avoid: str | None) -> UpstreamState | None:
         ready = [s for s in self.states.values() if not s.is_open and s.in_flight < self.per_upstream_cap]
