@@ -12,7 +12,7 @@ from itertools import accumulate
 from typing import Any
 
 from sim.completion import CompletionPlan
-from sim.wire import CUDA_ERROR, QUEUE_FULL, dumps, http_exception_body, sse
+from sim.wire import CUDA_ERROR, QUEUE_FULL, dumps, http_exception_body, sse, unescape
 
 INTERNAL_ERROR_TYPE = "InternalServerError"
 BAD_REQUEST_TYPE = "BadRequestError"
@@ -64,13 +64,16 @@ class ChatFrames:
         self.plan = plan
         self._options = options
         ids = plan.output_ids
+        # A matched stop token (the last id) has no text: the detokenizer trims it before the chat
+        # layer sees the text (sglang 0.5.23 `managers/detokenizer_manager.py` `trim_matched_stop`).
+        text_end = plan.text_end
         if options.separate_reasoning:
             reasoning_ids = ids[plan.reasoning_start : plan.reasoning_end]
             self._reasoning = _Span([table[i] for i in reasoning_ids], plan.reasoning_start)
-            self._content = _Span([table[i] for i in ids[plan.content_start :]], plan.content_start)
+            self._content = _Span([table[i] for i in ids[plan.content_start : text_end]], plan.content_start)
         else:
             self._reasoning = _Span([], 0)
-            self._content = _Span([table[i] for i in ids], 0)
+            self._content = _Span([table[i] for i in ids[:text_end]], 0)
         self._output_len = len(ids)
         self._shown = 0
         self._held = b""  # reasoning kept back until it closes, without stream_reasoning
@@ -82,7 +85,7 @@ class ChatFrames:
 
     # -- streaming ----------------------------------------------------------------------------
 
-    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None, count_bias: int = 0) -> bytes:
         """The events after `generated` tokens: the role first, then the reasoning and content
         deltas; with `finish`, also the finish chunk and the usage chunk."""
         events = []
@@ -109,8 +112,26 @@ class ChatFrames:
                 )
             )
             if self._options.include_usage:
-                events.append(self._head + b"]," + b'"usage":' + dumps(self._usage(generated)) + b"}\n\n")
+                usage = self._usage(generated, count_bias)
+                events.append(self._head + b"]," + b'"usage":' + dumps(usage) + b"}\n\n")
         return b"".join(events)
+
+    def streamed(self, generated: int) -> dict[str, Any]:
+        """What the deltas of the first `generated` tokens carried (for the completion log): the
+        reasoning and content, and `text`, the two joined. Reasoning still held back (without
+        stream_reasoning) was not sent."""
+        shown = min(generated, self._output_len)
+        reasoning = self._reasoning.between(0, shown)
+        if self._held:
+            reasoning = reasoning[: len(reasoning) - len(self._held)]
+        content = self._content.between(0, shown)
+        reasoning_text, content_text = unescape(reasoning), unescape(content)
+        return {"text": reasoning_text + content_text, "reasoning_content": reasoning_text, "content": content_text}
+
+    @property
+    def counts_in_stream(self) -> bool:
+        """Only the usage chunk reports the final count (continuous usage stats do not miscount)."""
+        return self._options.include_usage
 
     def error_chunk(self) -> bytes:
         return sse(dumps({"error": openai_error(CUDA_ERROR, err_type=INTERNAL_ERROR_TYPE, code=500)}))
@@ -155,7 +176,7 @@ class ChatFrames:
 
     # -- non-streaming ------------------------------------------------------------------------
 
-    def body(self, finish: dict[str, Any] | None = None) -> bytes:
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes:
         finish = finish or self.plan.finish_reason
         plan, options = self.plan, self._options
         if options.separate_reasoning:
@@ -173,7 +194,7 @@ class ChatFrames:
                 "created": options.created,
                 "model": options.model,
                 "choices": [choice],
-                "usage": self._usage(plan.completion_tokens),
+                "usage": self._usage(plan.completion_tokens, count_bias),
                 "metadata": {"weight_version": "default"},
             }
         )
@@ -184,9 +205,10 @@ class ChatFrames:
     def error_response(self) -> tuple[int, bytes]:
         return 500, openai_error_body(CUDA_ERROR, err_type=INTERNAL_ERROR_TYPE, code=500)
 
-    def _usage(self, generated: int) -> dict[str, Any]:
+    def _usage(self, generated: int, count_bias: int = 0) -> dict[str, Any]:
         prompt = self._options.prompt_tokens
         reasoning = self.plan.reasoning_tokens_after(generated)
+        generated += count_bias  # the miscount fault
         return {
             "prompt_tokens": prompt,
             "total_tokens": prompt + generated,

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import enum
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from sim.capacity import CapacitySettings
+from sim.chunking import DecodeSteps
 from sim.completion import LengthModel
 from sim.faults import ErrorFormat, FaultSettings
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
@@ -25,7 +28,7 @@ ReasoningFormatName = enum.Enum(  # type: ignore[misc]
 _DEFAULT_REASONING_FORMAT = ReasoningFormatName(DEFAULT_REASONING_FORMAT)
 
 
-def sim_command(
+def sim_settings(
     port: Annotated[int, typer.Option(help="Port to listen on.")],
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     tokenizer: Annotated[
@@ -68,6 +71,16 @@ def sim_command(
     length_scale: Annotated[
         float, typer.Option(min=0.0, help="Multiplies every completion length.", rich_help_panel=_OUTPUT)
     ] = 1.0,
+    length_tokens: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LO:HI",
+            help="Make each completion exactly N tokens long (markers and the stop token included: its "
+            "completion_tokens when it stops), N uniform over [LO, HI] and a function of the prompt and seed "
+            "(sim.settings.SimSettings.plan predicts it). Replaces --length-median/--length-mean/--length-scale.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = None,
     reasoning_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of the words that are reasoning (0: empty reasoning).",
                            rich_help_panel=_OUTPUT)
@@ -80,6 +93,25 @@ def sim_command(
             rich_help_panel=_OUTPUT,
         ),
     ] = 1,
+    tokens_per_step: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Tokens each decode step appends (after the prefill's first token), so a chunk may carry "
+            "more than the stream interval, as under speculative decoding.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = 1,
+    spec_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="MAX",
+            help="Speculative decoding: each decode step appends 1..MAX tokens, uniform, drawn from the "
+            "request's completion seed (so a prompt and seed always stream alike). Excludes --tokens-per-step.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = None,
     incremental: Annotated[
         bool,
         typer.Option(
@@ -94,6 +126,23 @@ def sim_command(
     context_length: Annotated[
         int, typer.Option(min=1, help="Longest prompt in tokens, exclusive.", rich_help_panel=_OUTPUT)
     ] = DEFAULT_CONTEXT_LENGTH,
+    no_server_info: Annotated[
+        bool,
+        typer.Option(
+            "--no-server-info",
+            help="Answer 404 at /server_info and /get_server_info, like a router that does not pass them on: "
+            "clients must infer the streaming mode from the chunks.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = False,
+    log_completions: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            help="Append one JSON line per request whose response went out whole (format: sim/completion_log.py).",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = None,
     reasoning_format: Annotated[
         ReasoningFormatName,
         typer.Option(
@@ -125,6 +174,24 @@ def sim_command(
             min=0.0, max=1.0, help="Share of requests that go silent mid-stream, forever.", rich_help_panel=_FAULTS
         ),
     ] = 0.0,
+    drop_chunk_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0,
+            help="Share of streams that silently lose one non-final chunk (streams with fewer than two are "
+            "left alone). On top of the other faults.",
+            rich_help_panel=_FAULTS,
+        ),
+    ] = 0.0,
+    miscount_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0,
+            help="Share of requests whose final completion_tokens (meta_info, or the chat usage) is one too many. "
+            "On top of the other faults.",
+            rich_help_panel=_FAULTS,
+        ),
+    ] = 0.0,
     fault_seed: Annotated[
         int, typer.Option(help="Seed of the per-request fault draws.", rich_help_panel=_FAULTS)
     ] = 0,
@@ -135,19 +202,24 @@ def sim_command(
     error_format: Annotated[
         ErrorFormat, typer.Option(help="Which SGLang release's error chunks to send.", rich_help_panel=_FAULTS)
     ] = ErrorFormat.V0_5_23,
-) -> None:
+) -> SimSettings:
     """Run a simulated SGLang server (0.5.23 /generate and /v1/chat/completions wire formats) with a
     capacity model and faults."""
-    from sim.runner import serve  # uvicorn and starlette load only when serving
-
-    serve(
+    if spec_tokens is not None and tokens_per_step != 1:
+        raise typer.BadParameter("give --tokens-per-step or --spec-tokens, not both", param_hint="--spec-tokens")
+    steps = DecodeSteps(1, spec_tokens) if spec_tokens is not None else DecodeSteps(tokens_per_step, tokens_per_step)
+    return (
         SimSettings(
             port=port,
             host=host,
             tokenizer_dir=tokenizer,
             capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate, max_running=max_running),
             lengths=LengthModel(
-                median=length_median, mean=length_mean, scale=length_scale, reasoning_share=reasoning_share
+                median=length_median,
+                mean=length_mean,
+                scale=length_scale,
+                reasoning_share=reasoning_share,
+                tokens=_token_range(length_tokens),
             ),
             stream_interval=stream_interval,
             incremental=incremental,
@@ -160,9 +232,47 @@ def sim_command(
                 abort_rate=abort_rate,
                 error_chunk_rate=error_chunk_rate,
                 stall_rate=stall_rate,
+                drop_chunk_rate=drop_chunk_rate,
+                miscount_rate=miscount_rate,
                 die_after=die_after,
                 seed=fault_seed,
                 error_format=error_format,
             ),
+            steps=steps,
+            server_info=not no_server_info,
+            log_completions=log_completions,
         )
     )
+
+
+@functools.wraps(sim_settings)  # the same options (typer reads the wrapped signature)
+def sim_command(*args: object, **kwargs: object) -> None:
+    from sim.runner import serve  # uvicorn and starlette load only when serving
+
+    serve(sim_settings(*args, **kwargs))  # type: ignore[arg-type]
+
+
+def parse_sim_args(args: Sequence[str]) -> SimSettings:
+    """The settings `genfleet sim ARGS` would serve with, without serving: a test gives the same
+    flags it starts a server with and predicts its completions (`SimSettings.plan`) and chunks
+    (`SimSettings.stream_counts`). `--port` may be left out."""
+    args = list(args)
+    if "--port" not in args and not any(arg.startswith("--port=") for arg in args):
+        args += ["--port", "0"]
+    app = typer.Typer(add_completion=False)
+    app.command()(sim_settings)
+    return typer.main.get_command(app).main(args=args, standalone_mode=False)
+
+
+def _token_range(value: str | None) -> tuple[int, int] | None:
+    """`LO:HI` (or `N`, for N:N) into a checked pair."""
+    if value is None:
+        return None
+    low, _, high = value.partition(":")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise typer.BadParameter(f"expected LO:HI (two integers), got {value!r}", param_hint="--length-tokens")
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise typer.BadParameter(f"need 1 <= LO <= HI, got {value!r}", param_hint="--length-tokens")
+    return bounds

@@ -24,6 +24,19 @@ class LengthModel:
     mean: float = 1416.0
     scale: float = 1.0
     reasoning_share: float = 0.7
+    # `--length-tokens LO:HI`: each completion is exactly this many tokens long (markers and the
+    # stop token included), uniform over [LO, HI]; the lognormal above is then unused.
+    tokens: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and not 1 <= self.tokens[0] <= self.tokens[1]:
+            raise ValueError(f"length tokens need 1 <= LO <= HI, got {self.tokens[0]}:{self.tokens[1]}")
+
+    def draw_tokens(self, rng: random.Random) -> int:
+        """The exact completion length in tokens (only with `tokens` set)."""
+        assert self.tokens is not None
+        low, high = self.tokens
+        return rng.randint(low, high)
 
     def draw_words(self, rng: random.Random) -> int:
         # For a lognormal, mean / median = exp(sigma^2 / 2).
@@ -35,6 +48,15 @@ class LengthModel:
         reasoning model that closes its thought at once (empty reasoning, the alarm's case)."""
         reasoning = max(1, round(words * self.reasoning_share)) if self.reasoning_share > 0 else 0
         return reasoning, max(1, words - reasoning)
+
+    def split_exact(self, words: int) -> tuple[int, int]:
+        """Reasoning and content word counts that add up to exactly `words` (for exact lengths):
+        content gets the first word, reasoning (with a share above 0) the second."""
+        if words <= 0:
+            return 0, 0
+        reasoning = max(1, round(words * self.reasoning_share)) if self.reasoning_share > 0 else 0
+        reasoning = min(reasoning, words - 1)
+        return reasoning, words - reasoning
 
 
 class Opening(enum.Enum):
@@ -49,10 +71,20 @@ class Opening(enum.Enum):
 
 @dataclass(frozen=True)
 class CompletionPlan:
-    """One completion, as SGLang would report it: the matched stop token is trimmed but counted.
+    """One completion, as SGLang 0.5.23 reports it.
+
+    A completion that finished by its stop token holds that token as its last output id, and
+    `completion_tokens == len(output_ids)` always: the scheduler sends
+    `Req.output_ids_through_stop` ("Stop position is included", `managers/schedule_batch.py`) and
+    counts `completion_tokens = len(output_ids_)`
+    (`managers/scheduler_components/output_streamer.py`). Only the text drops it: the
+    detokenizer decodes `ids[:-1]` when `matched` is a token id (`trim_matched_stop`,
+    `managers/detokenizer_manager.py`), whatever `skip_special_tokens` says. So the text is
+    `output_ids[:text_end]`, decoded.
 
     `output_ids[reasoning_start:reasoning_end]` are the reasoning words and
-    `output_ids[content_start:]` the content words; every other id is a marker.
+    `output_ids[content_start:text_end]` the content words; every other id is a marker (or the stop
+    token, at `text_end`).
     """
 
     output_ids: list[int]
@@ -67,9 +99,22 @@ class CompletionPlan:
     content_start: int
     reasoning_format: str
     vocab: SimVocab = field(repr=False, compare=False)
+    # `completion_seed(prompt, seed)`: also seeds the request's decode-step sizes (sim.chunking).
+    rng_seed: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        """Finished by its stop token (which is then the last output id)."""
+        return self.finish_reason.get("type") == "stop"
+
+    @property
+    def text_end(self) -> int:
+        """How many output ids carry text: all but a matched stop token."""
+        return len(self.output_ids) - 1 if self.stopped else len(self.output_ids)
 
     def text(self, skip_special_tokens: bool) -> str:
-        return self.vocab.decode(self.output_ids, skip_special_tokens=skip_special_tokens)
+        """The whole text SGLang returns: the matched stop token trimmed."""
+        return self.vocab.decode(self.output_ids[: self.text_end], skip_special_tokens=skip_special_tokens)
 
     def reasoning_tokens_after(self, generated: int) -> int:
         """How many reasoning words are among the first `generated` tokens."""
@@ -87,49 +132,66 @@ def plan_completion(
 ) -> CompletionPlan:
     """The completion of `prompt`, its markers written as `reasoning_format` (an SGLang parser name)."""
     fmt = get_reasoning_format(reasoning_format)
-    rng = random.Random(completion_seed(prompt, seed))
-    words = lengths.draw_words(rng)
+    rng_seed = completion_seed(prompt, seed)
+    rng = random.Random(rng_seed)
     opening = prompt_opening(prompt, vocab)
     thinking = fmt.reasons and opening is not Opening.THINKING_OFF
-    n_reasoning, n_content = lengths.split(words) if thinking else (0, words)
+    open_ids = vocab.marker_ids(fmt.reasoning_open) if thinking and not (
+        fmt.prompt_may_open and opening is Opening.INSIDE_REASONING) else ()
+    close_ids = vocab.marker_ids(fmt.reasoning_close) if thinking else ()
+    content_open_ids = vocab.marker_ids(fmt.content_open) if fmt.content_open else ()
+    (stop_id,) = vocab.marker_ids(fmt.stop)
+
+    if lengths.tokens is None:
+        words = lengths.draw_words(rng)
+        n_reasoning, n_content = lengths.split(words) if thinking else (0, words)
+        # The stop token comes once every word is out, if the budget has room left for it.
+        room = max(0, max_new_tokens)
+    else:
+        # Exactly `total` tokens: the markers, the words between them, the stop token. Shorter
+        # than its markers, the completion is their first `total - 1` tokens and the stop token
+        # (just the stop token for a length of 1).
+        total = lengths.draw_tokens(rng)
+        words = total - 1 - len(open_ids) - len(close_ids) - len(content_open_ids)
+        n_reasoning, n_content = lengths.split_exact(words) if thinking else (0, max(words, 0))
+        room = min(max(0, max_new_tokens), total - 1)
     # Words are drawn only as far as the budget reaches; `choices` spends one random() per word,
     # so a smaller max_new_tokens yields a prefix of the same completion.
-    out = _BoundedOutput(max_new_tokens)
+    out = _BoundedOutput(room)
 
     reasoning_start = reasoning_end = 0
     if thinking:
-        if not (fmt.prompt_may_open and opening is Opening.INSIDE_REASONING):
-            out.extend(vocab.marker_ids(fmt.reasoning_open))
+        out.extend(open_ids)
         reasoning_start = len(out.ids)
         out.draw_words(rng, vocab, n_reasoning)
         reasoning_end = len(out.ids)
-        out.extend(vocab.marker_ids(fmt.reasoning_close))
-    if fmt.content_open:
-        out.extend(vocab.marker_ids(fmt.content_open))
+        out.extend(close_ids)
+    out.extend(content_open_ids)
     content_start = len(out.ids)
     out.draw_words(rng, vocab, n_content)
 
     ids = out.ids
-    if out.room:
-        (stop_id,) = vocab.marker_ids(fmt.stop)
+    if max_new_tokens > len(ids):
+        # The stop token was generated: SGLang sends and counts it (the text trims it).
+        ids.append(stop_id)
         finish: dict[str, Any] = {"type": "stop", "matched": stop_id}
-        completion_tokens = len(ids) + 1  # the stop token was generated, then trimmed
     else:
         finish = {"type": "length", "length": max_new_tokens}
-        completion_tokens = len(ids)
+    text_end = len(ids) - 1 if finish["type"] == "stop" else len(ids)
     return CompletionPlan(
         output_ids=ids,
         finish_reason=finish,
-        completion_tokens=completion_tokens,
+        completion_tokens=len(ids),
         reasoning_tokens=reasoning_end - reasoning_start,
         reasoning_text=vocab.decode(ids[reasoning_start:reasoning_end], skip_special_tokens=False),
-        content_text=vocab.decode(ids[content_start:], skip_special_tokens=False),
+        content_text=vocab.decode(ids[content_start:text_end], skip_special_tokens=False),
         reasoning_start=reasoning_start,
         opening=opening,
         reasoning_end=reasoning_end,
         content_start=content_start,
         reasoning_format=fmt.name,
         vocab=vocab,
+        rng_seed=rng_seed,
     )
 
 

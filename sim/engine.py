@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sim.capacity import Capacity
+from sim.chunking import DecodeSteps
 from sim.completion import CompletionPlan
-from sim.faults import Fault, FaultKind
+from sim.faults import Corruption, Fault, FaultKind
 from sim.wire import DONE, abort_finish
 
 
@@ -27,17 +29,36 @@ class Responder(Protocol):
 class Frames(Protocol):
     """One API's bytes for a generation (`/generate`'s or the chat API's), at any token count."""
 
-    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
-        """The stream's events after `generated` tokens (maybe none); `finish` marks the last."""
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None, count_bias: int = 0) -> bytes:
+        """The stream's events after `generated` tokens (maybe none); `finish` marks the last;
+        `count_bias` is added to the completion_tokens the last one reports."""
         ...
 
-    def body(self, finish: dict[str, Any] | None = None) -> bytes: ...
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes: ...
+
+    def streamed(self, generated: int) -> dict[str, Any]:
+        """The text (and for chat, reasoning and content) the first `generated` tokens carried."""
+        ...
+
+    @property
+    def counts_in_stream(self) -> bool:
+        """Whether the stream's last chunk reports completion_tokens (a miscount shows there)."""
+        ...
 
     def error_chunk(self) -> bytes: ...
 
     def abort_response(self) -> tuple[int, bytes]: ...
 
     def error_response(self) -> tuple[int, bytes]: ...
+
+
+@dataclass(frozen=True)
+class Served:
+    """How a generation's response ended, for the completion log."""
+
+    generated: int  # tokens whose text and ids the response carried (a dropped chunk's included)
+    finish_reason: dict[str, Any] | None  # the one sent; None after an error
+    faults: tuple[str, ...]  # what struck it: fault kinds, "drop_chunk", "miscount"
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,11 @@ class Generation:
     stream: bool
     stream_interval: int
     fault: Fault | None
+    steps: DecodeSteps = DecodeSteps()
+    corruption: Corruption | None = None
+    # Called as the last bytes of the response go out (never for a stall, nor for a client that
+    # left before them).
+    on_served: Callable[[Served], None] | None = None
 
     @property
     def end(self) -> int:
@@ -57,13 +83,9 @@ class Generation:
         total = self.plan.completion_tokens
         return self.fault.at_token(total) if self.fault else total
 
-
-def chunk_counts(sent: int, ready: int, interval: int) -> range:
-    """Token counts in (sent, ready] that get a chunk: the first token, then every `interval` unsent.
-
-    `sent` is always one of these counts (or 0), as SGLang's output streamer flushes on them.
-    """
-    return range(1 if sent == 0 else sent + interval, ready + 1, interval)
+    def chunk_counts(self, limit: int) -> Iterator[int]:
+        """The generated-token counts below `limit` that get a (non-final) chunk (sim.chunking)."""
+        return self.steps.chunk_counts(limit, self.stream_interval, self.plan.rng_seed)
 
 
 class Engine:
@@ -88,38 +110,58 @@ class Engine:
             self.capacity.release()
 
     async def _stream(self, generation: Generation, clock: _DecodeClock, out: Responder) -> None:
-        frames, end, interval = generation.frames, generation.end, generation.stream_interval
+        frames, end = generation.frames, generation.end
         fault = generation.fault.kind if generation.fault else None
+        corruption = generation.corruption
         # A finish or an abort is itself the last chunk; an error chunk or a stall comes after
-        # the regular chunks up to its point.
-        last_regular = end if fault in (FaultKind.ERROR_CHUNK, FaultKind.STALL) else end - 1
+        # the regular chunks up to its point. Chunks go out at the scheduler's cadence
+        # (sim.chunking), every one of them: chunks that fall due in the same wake share a write
+        # but are never merged, unlike SGLang's tokenizer manager under backlog, which sends only
+        # the newest cumulative chunk or merges queued deltas (`_coalesce_streaming_chunks`,
+        # 0.5.23 `managers/tokenizer_manager.py`), so that a test can predict every chunk.
+        limit = end + 1 if fault in (FaultKind.ERROR_CHUNK, FaultKind.STALL) else end
+        dropped = None
+        if corruption is not None and corruption.drop_chunk is not None:
+            dropped = corruption.dropped_chunk(list(generation.chunk_counts(limit)))
+        counts = generation.chunk_counts(limit)
+        upcoming = next(counts, None)
         sent = 0
         batch: list[bytes] = []
         while True:
             ready = clock.ready(end)
-            counts = chunk_counts(sent, min(ready, last_regular), interval)
-            if counts:
-                batch = [frames.chunk(count) for count in counts]
-                self.capacity.record_tokens(counts[-1] - sent)
-                sent = counts[-1]
+            if upcoming is not None and upcoming <= ready:
+                before = sent
+                while upcoming is not None and upcoming <= ready:
+                    data = frames.chunk(upcoming)
+                    if upcoming != dropped:  # built all the same: the next delta starts after it
+                        batch.append(data)
+                    sent, upcoming = upcoming, next(counts, None)
+                self.capacity.record_tokens(sent - before)
             if ready == end:
                 break
             if data := b"".join(batch):  # a chat chunk of marker tokens alone has no event
                 await out.write(data)
             batch = []
-            await clock.sleep_until(min(sent + interval if sent else 1, end))
+            await clock.sleep_until(end if upcoming is None else min(upcoming, end))
 
         self.capacity.record_tokens(end - sent)
         if fault is FaultKind.STALL:
             if data := b"".join(batch):
                 await out.write(data)
             await _silence()
+        faults = _fault_names(fault, dropped=dropped is not None, corruption=corruption,
+                              reported=fault is not FaultKind.ERROR_CHUNK and frames.counts_in_stream)
         if fault is FaultKind.ERROR_CHUNK:
             batch.append(frames.error_chunk())
+            served = Served(sent, None, faults)
         else:
             finish = abort_finish() if fault is FaultKind.ABORT else generation.plan.finish_reason
-            batch.append(frames.chunk(end, finish=finish))
+            bias = corruption.count_bias if corruption else 0
+            batch.append(frames.chunk(end, finish=finish, count_bias=bias))
+            served = Served(end, finish, faults)
         batch.append(DONE)
+        if generation.on_served is not None:  # before the last bytes: a client that saw them finds the line
+            generation.on_served(served)
         await out.close_stream(b"".join(batch))
         self.capacity.record_finished()
 
@@ -128,15 +170,35 @@ class Engine:
             await clock.sleep_until(generation.end)
         self.capacity.record_tokens(generation.end)
         fault = generation.fault.kind if generation.fault else None
+        corruption = generation.corruption
         if fault is FaultKind.STALL:
             await _silence()
+        faults = _fault_names(fault, dropped=False, corruption=corruption,
+                              reported=fault not in (FaultKind.ABORT, FaultKind.ERROR_CHUNK))
         if fault is FaultKind.ABORT:
-            await out.respond(*generation.frames.abort_response())
+            response, served = generation.frames.abort_response(), Served(0, None, faults)
         elif fault is FaultKind.ERROR_CHUNK:
-            await out.respond(*generation.frames.error_response())
+            response, served = generation.frames.error_response(), Served(0, None, faults)
         else:
-            await out.respond(200, generation.frames.body())
+            bias = corruption.count_bias if corruption else 0
+            response = (200, generation.frames.body(count_bias=bias))
+            served = Served(generation.end, generation.plan.finish_reason, faults)
+        if generation.on_served is not None:  # before the response: a client that has it finds the line
+            generation.on_served(served)
+        await out.respond(*response)
         self.capacity.record_finished()
+
+
+def _fault_names(
+    fault: FaultKind | None, *, dropped: bool, corruption: Corruption | None, reported: bool
+) -> tuple[str, ...]:
+    """What struck a response: its fault, a chunk it lost, a miscount (where a count was sent)."""
+    names = [fault.value] if fault is not None else []
+    if dropped:
+        names.append("drop_chunk")
+    if reported and corruption is not None and corruption.miscount:
+        names.append("miscount")
+    return tuple(names)
 
 
 class _DecodeClock:

@@ -30,7 +30,11 @@ def serve(settings: SimSettings) -> None:
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    _SimUvicorn(config, sim).run()
+    try:
+        _SimUvicorn(config, sim).run()
+    finally:
+        if sim.log is not None:
+            sim.log.close()
 
 
 class _SimUvicorn(uvicorn.Server):

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from dataclasses import asdict
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -16,8 +17,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sim.capacity import Capacity
 from sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
 from sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
-from sim.completion import CompletionPlan, plan_completion
-from sim.engine import Engine, Frames, Generation
+from sim.completion import CompletionPlan
+from sim.completion_log import CompletionLog
+from sim.engine import Engine, Frames, Generation, Served
 from sim.faults import FaultInjector, FaultKind
 from sim.generation_response import GenerationResponse, read_body
 from sim.reasoning_formats import reasoning_format
@@ -53,6 +55,7 @@ class SimServer:
         self.capacity = Capacity(settings.capacity)
         self.engine = Engine(self.capacity, tick=settings.tick)
         self.faults = FaultInjector(settings.faults)
+        self.log = CompletionLog(settings.log_completions) if settings.log_completions else None
         self.shutting_down = False
         self._rids_in_flight: set[str] = set()
         self._created = int(time.time())
@@ -111,7 +114,8 @@ class SimServer:
         prompt = request.prompt
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(self.vocab.encode(prompt))
         rid = self._admit(prompt_tokens, request.rid)
-        plan = self._plan(prompt, request.sampling_seed, request.max_new_tokens)
+        plan = self.settings.plan(prompt, vocab=self.vocab, seed=request.sampling_seed,
+                                  max_new_tokens=request.max_new_tokens)
         frames = self.encoder.frames(
             plan,
             rid=rid,
@@ -120,7 +124,12 @@ class SimServer:
             incremental=self.settings.incremental,
             error_format=self.settings.faults.error_format,
         )
-        return self._generation(plan, frames, prompt_tokens, request.stream, request.stream_interval), rid
+        prompt_field = {"input_ids": prompt} if isinstance(prompt, list) else {"input_text": prompt}
+        generation = self._generation(
+            plan, frames, prompt_tokens, request.stream, request.stream_interval,
+            log_head={"rid": rid, "api": "generate", **prompt_field},
+        )
+        return generation, rid
 
     def _invalid(self, message: str, *, streaming: bool) -> Response:
         if streaming:  # SGLang validates inside the stream, after a 200 went out
@@ -142,26 +151,44 @@ class SimServer:
             raise InvalidRequest(f"Duplicate request ID detected: {rid}")
         return rid
 
-    def _plan(self, prompt: list[int] | str, seed: int | None, max_new_tokens: int) -> CompletionPlan:
-        return plan_completion(
-            prompt,
-            seed=seed if seed is not None else self.settings.seed,
-            max_new_tokens=max_new_tokens,
-            lengths=self.settings.lengths,
-            vocab=self.vocab,
-            reasoning_format=self.reasoning_format.name,
-        )
-
     def _generation(
-        self, plan: CompletionPlan, frames: Frames, prompt_tokens: int, stream: bool, stream_interval: int | None
+        self,
+        plan: CompletionPlan,
+        frames: Frames,
+        prompt_tokens: int,
+        stream: bool,
+        stream_interval: int | None,
+        *,
+        log_head: dict[str, Any],
     ) -> Generation:
+        interval = self.settings.effective_stream_interval(stream_interval)
+        on_served = None
+        if self.log is not None:
+            log, incremental = self.log, self.settings.incremental and stream
+
+            def on_served(served: Served) -> None:
+                log.write({
+                    **log_head,
+                    "output_ids": plan.output_ids[: served.generated],
+                    **frames.streamed(served.generated),
+                    "finish_reason": served.finish_reason,
+                    "completion_tokens": min(served.generated, len(plan.output_ids)),
+                    "stream": stream,
+                    "stream_interval": interval,
+                    "incremental": incremental,
+                    "faults": list(served.faults),
+                })
+
         return Generation(
             plan=plan,
             frames=frames,
             prompt_tokens=prompt_tokens,
             stream=stream,
-            stream_interval=max(1, stream_interval or self.settings.stream_interval),
+            stream_interval=interval,
             fault=self.faults.draw(),  # one draw per admitted request, in arrival order
+            steps=self.settings.steps,
+            corruption=self.faults.draw_corruption(),  # also one per admitted request
+            on_served=on_served,
         )
 
     def _respond(self, generation: Generation, rid: str) -> ASGIApp:
@@ -204,8 +231,8 @@ class SimServer:
             )
         rid = self._admit(prompt_tokens, request.rid, prefix="chatcmpl-")
         # Without a limit SGLang generates up to the context length.
-        max_new_tokens = settings.context_length - prompt_tokens if request.max_tokens is None else request.max_tokens
-        plan = self._plan(prompt_ids, request.seed, max_new_tokens)
+        max_new_tokens = settings.chat_max_new_tokens(prompt_tokens, request.max_tokens)
+        plan = settings.plan(prompt_ids, vocab=self.vocab, seed=request.seed, max_new_tokens=max_new_tokens)
         gpt_oss = self.reasoning_format.name == "gpt-oss"
         options = ChatOptions(
             completion_id=rid,
@@ -221,7 +248,8 @@ class SimServer:
         )
         table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
         frames = ChatFrames(plan, table=table, options=options)
-        return self._generation(plan, frames, prompt_tokens, request.stream, None), rid
+        log_head = {"rid": rid, "api": "chat", "input_ids": prompt_ids}
+        return self._generation(plan, frames, prompt_tokens, request.stream, None, log_head=log_head), rid
 
     # -- info and health ----------------------------------------------------------------------
 
@@ -250,7 +278,12 @@ class SimServer:
         )
 
     async def server_info(self, request: Request) -> Response:
+        """`/server_info` and its deprecated alias `/get_server_info` (sglang 0.5.23
+        `entrypoints/http_server.py`). With --no-server-info both are missing, FastAPI's 404, like
+        a router or server that does not answer them: clients must infer the streaming mode."""
         settings = self.settings
+        if not settings.server_info:
+            return JSONResponse({"detail": "Not Found"}, 404)
         return JSONResponse(
             {
                 "model_path": str(settings.tokenizer_dir),
@@ -262,6 +295,7 @@ class SimServer:
                 "sim": {
                     "capacity": asdict(settings.capacity),
                     "lengths": asdict(settings.lengths),
+                    "steps": asdict(settings.steps),
                     "faults": {**asdict(settings.faults), "error_format": settings.faults.error_format.value},
                     "tick": settings.tick,
                 },

@@ -1,14 +1,18 @@
-"""Everything a simulated server is configured with, as one typed object."""
+"""Everything a simulated server is configured with, as one typed object, and the pure functions
+that predict what it serves: `plan` (a prompt's completion) and `stream_counts` (its chunks)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.capacity import CapacitySettings
-from sim.completion import LengthModel
+from sim.chunking import DecodeSteps
+from sim.completion import CompletionPlan, LengthModel, plan_completion
 from sim.faults import FaultSettings
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
-from sim.vocab import DEFAULT_TOKENIZER_DIR
+from sim.request import DEFAULT_MAX_NEW_TOKENS
+from sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
 
 DEFAULT_CONTEXT_LENGTH = 32768
 
@@ -27,18 +31,63 @@ class SimSettings:
     tick: float = 0.02
     faults: FaultSettings = field(default_factory=FaultSettings)
     reasoning_format: str = DEFAULT_REASONING_FORMAT  # an SGLang --reasoning-parser name
+    steps: DecodeSteps = field(default_factory=DecodeSteps)  # tokens per decode step
+    server_info: bool = True  # False: /server_info and /get_server_info answer 404
+    log_completions: Path | None = None  # a JSON line per served request (sim.completion_log)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    # -- predictions: what the server does with a request, without a server ---------------------
+
+    def plan(
+        self,
+        prompt: Sequence[int] | str,
+        *,
+        vocab: SimVocab,
+        seed: int | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> CompletionPlan:
+        """The completion the server plans for `prompt`: `seed` is the request's sampling_seed
+        (chat: `seed`), None for the server's --seed; `max_new_tokens` as the request set it (for
+        a chat request, `chat_max_new_tokens`)."""
+        return plan_completion(
+            prompt,
+            seed=self.seed if seed is None else seed,
+            max_new_tokens=max_new_tokens,
+            lengths=self.lengths,
+            vocab=vocab,
+            reasoning_format=self.reasoning_format,
+        )
+
+    def chat_max_new_tokens(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """A chat request's budget: its max_(completion_)tokens, else up to the context length."""
+        return self.context_length - prompt_tokens if max_tokens is None else max_tokens
+
+    def effective_stream_interval(self, requested: int | None) -> int:
+        """sampling_params.stream_interval, else --stream-interval (sglang 0.5.23
+        `output_streamer.py`: `req.sampling_params.stream_interval or self.default_stream_interval`)."""
+        return max(1, requested or self.stream_interval)
+
+    def stream_counts(self, plan: CompletionPlan, *, stream_interval: int | None = None) -> list[int]:
+        """The completion_tokens of each chunk of the plan's stream (no faults), the final one
+        last: the chunk cadence for this request's interval and decode steps."""
+        interval = self.effective_stream_interval(stream_interval)
+        return self.steps.stream_counts(plan.completion_tokens, interval, plan.rng_seed)
+
     def describe(self) -> str:
         capacity, lengths = self.capacity, self.lengths
         running = f", max running {capacity.max_running}" if capacity.max_running is not None else ""
+        length = (
+            f"length {lengths.tokens[0]}..{lengths.tokens[1]} tokens" if lengths.tokens is not None
+            else f"length median {lengths.median:g} mean {lengths.mean:g} x{lengths.scale:g}"
+        )
         return (
-            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, "
-            f"length median {lengths.median:g} mean {lengths.mean:g} x{lengths.scale:g}, "
+            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, {length}, "
             f"{'incremental' if self.incremental else 'cumulative'} stream every {self.stream_interval}, "
-            f"reasoning {self.reasoning_format}, seed {self.seed}, context {self.context_length}, "
-            f"faults: {self.faults.describe()}"
+            f"{self.steps.describe()}, reasoning {self.reasoning_format}, seed {self.seed}, "
+            f"context {self.context_length}, faults: {self.faults.describe()}"
+            + ("" if self.server_info else ", no /server_info")
+            + (f", logging completions to {self.log_completions}" if self.log_completions else "")
         )

@@ -57,9 +57,12 @@ class ChunkEncoder:
         error_format: ErrorFormat = ErrorFormat.V0_5_23,
     ) -> CompletionFrames:
         table = self.text_table(skip_special_tokens=skip_special_tokens)
+        ids, text_end = plan.output_ids, plan.text_end
         return CompletionFrames(
             plan,
-            text_pieces=[table[token_id] for token_id in plan.output_ids],
+            # A matched stop token is sent as an id but has no text: the detokenizer trims it
+            # (sglang 0.5.23 `managers/detokenizer_manager.py` `trim_matched_stop`).
+            text_pieces=[table[token_id] for token_id in ids[:text_end]] + [b""] * (len(ids) - text_end),
             id_pieces=[self._ids[token_id] for token_id in plan.output_ids],
             rid=rid,
             prompt_tokens=prompt_tokens,
@@ -98,13 +101,23 @@ class CompletionFrames:
         self._meta_head = b'],"meta_info":{"id":' + dumps(rid) + b',"finish_reason":'
         self._meta_body = b',"prompt_tokens":%d,"weight_version":"default","num_retractions":0' % prompt_tokens
 
-    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None) -> bytes:
-        """The SSE event after `generated` tokens; `finish` marks the last one."""
-        return self._response(generated, finish, b'data: {"text":"', b"}}\n\n")
+    def chunk(self, generated: int, *, finish: dict[str, Any] | None = None, count_bias: int = 0) -> bytes:
+        """The SSE event after `generated` tokens; `finish` marks the last one. `count_bias` is
+        added to the completion_tokens it reports (the miscount fault)."""
+        return self._response(generated, finish, b'data: {"text":"', b"}}\n\n", count_bias)
 
-    def body(self, finish: dict[str, Any] | None = None) -> bytes:
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes:
         """The non-streaming response: everything, first and last at once."""
-        return self._response(self.plan.completion_tokens, finish or self.plan.finish_reason, b'{"text":"', b"}}")
+        return self._response(
+            self.plan.completion_tokens, finish or self.plan.finish_reason, b'{"text":"', b"}}", count_bias
+        )
+
+    def streamed(self, generated: int) -> dict[str, Any]:
+        """The text of the first `generated` tokens, as the chunks carry it (for the completion log)."""
+        shown = min(generated, self._output_len)
+        return {"text": unescape(self._text[: self._text_ends[shown]])}
+
+    counts_in_stream = True  # every chunk's meta_info has completion_tokens
 
     def error_chunk(self) -> bytes:
         """An internal error striking mid-stream."""
@@ -118,7 +131,9 @@ class CompletionFrames:
         """An internal error of a non-streaming request."""
         return 500, message_error_body(CUDA_ERROR)
 
-    def _response(self, generated: int, finish: dict[str, Any] | None, head: bytes, tail: bytes) -> bytes:
+    def _response(
+        self, generated: int, finish: dict[str, Any] | None, head: bytes, tail: bytes, count_bias: int = 0
+    ) -> bytes:
         shown = min(generated, self._output_len)
         start = self._shown if self._incremental else 0
         first = not self._started_streaming
@@ -132,7 +147,7 @@ class CompletionFrames:
             b"null" if finish is None else dumps(finish),
             self._meta_body,
             b',"reasoning_tokens":%d,"completion_tokens":%d,"cached_tokens":0'
-            % (self.plan.reasoning_tokens_after(generated), generated),
+            % (self.plan.reasoning_tokens_after(generated), generated + count_bias),
         ]
         if finish is not None:
             parts.append(b',"e2e_latency":' + repr(time.monotonic() - self._started).encode())
@@ -140,6 +155,11 @@ class CompletionFrames:
             parts.append(b',"response_sent_to_client_ts":' + repr(time.time()).encode())
         parts.append(tail)
         return b"".join(parts)
+
+
+def unescape(escaped: bytes | memoryview) -> str:
+    """The text of JSON-escaped bytes (once per request, never per chunk)."""
+    return json.loads(b'"' + bytes(escaped) + b'"')
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -183,8 +183,9 @@ def test_tokenized_masks_exactly_the_generated_tokens_with_and_without_output_id
         (prompt,) = render_prompts(tokenizer, [record["messages"]])
         ids, mask = line["input_ids"], line["loss_mask"]
         assert ids[: len(prompt)] == prompt and set(mask[: len(prompt)]) == {0}
-        # The generated tokens, exactly as the model produced them, plus the stop token it matched.
-        assert ids[len(prompt):] == record["output_ids"] + [eos] and set(mask[len(prompt):]) == {1}
+        # The generated tokens, exactly as the model produced them, the stop token it matched included.
+        assert record["output_ids"][-1] == eos
+        assert ids[len(prompt):] == record["output_ids"] and set(mask[len(prompt):]) == {1}
         generated = tokenizer.decode(ids[len(prompt):], skip_special_tokens=False)
         assert generated == f"{record['reasoning']}</think>{record['content']}<|im_end|>"
         assert from_text[record_id] == line  # re-tokenized text gives the very same tokens and mask

@@ -56,6 +56,7 @@ def test_reasoning_and_content_match_the_model_for_every_format_and_stream_mode(
                                                                                 client):
     flags = (*FAST, "--reasoning-format", fmt) + (("--incremental",) if mode == "incremental" else ())
     with_ids = CompletionSplitter(fmt, tokenizer)
+    with_ids_skipped = CompletionSplitter(fmt, tokenizer, skip_special_tokens=True)
     text_only = CompletionSplitter(fmt)
     with SimProcess(*flags) as sim:
         for ids in render_prompts(tokenizer, CONVERSATIONS):
@@ -70,7 +71,7 @@ def test_reasoning_and_content_match_the_model_for_every_format_and_stream_mode(
             assert (split.reasoning, split.content) == expected
             # With special tokens skipped the text loses the markers; the ids still split exactly.
             skipped = client.generate(sim.url, generate_body(ids, skip_special_tokens=True), deadline=later())
-            split = with_ids.split(skipped, None)
+            split = with_ids_skipped.split(skipped, None)
             assert (split.reasoning, split.content) == expected
 
 

@@ -19,7 +19,7 @@ from common.tokenizer import load_tokenizer
 from sim.build_model import EXTRA_SPECIAL_TOKENS, add_extra_special_tokens
 from sim.capacity import Capacity, CapacitySettings
 from sim.completion import CompletionPlan, LengthModel, Opening, plan_completion
-from sim.engine import chunk_counts
+from sim.chunking import DecodeSteps
 from sim.reasoning_formats import REASONING_FORMAT_NAMES
 from sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
 
@@ -238,11 +238,14 @@ def test_the_prompt_tail_decides_who_writes_the_think_markers(vocab, tail, openi
         assert p.text(skip_special_tokens=True) == p.reasoning_text + p.content_text
 
 
-def test_a_stop_finish_trims_the_eos_but_counts_it(prompt, vocab):
+def test_a_stop_finish_sends_and_counts_the_eos_but_trims_its_text(prompt, vocab):
     p = plan(prompt, vocab, max_new_tokens=10_000)
     assert p.finish_reason == {"type": "stop", "matched": vocab.eos_id}
-    assert vocab.eos_id not in p.output_ids
-    assert p.completion_tokens == len(p.output_ids) + 1
+    # sglang 0.5.23 sends output_ids_through_stop and counts them; only the text is trimmed.
+    assert p.output_ids[-1] == vocab.eos_id and vocab.eos_id not in p.output_ids[:-1]
+    assert p.completion_tokens == len(p.output_ids) and p.text_end == len(p.output_ids) - 1
+    assert "<|im_end|>" not in p.text(skip_special_tokens=False)
+    assert p.text(skip_special_tokens=False) == vocab.decode(p.output_ids[:-1], skip_special_tokens=False)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -250,7 +253,7 @@ def test_a_cut_anywhere_in_any_format_is_a_prefix_of_the_whole(vocab, fmt):
     for prompt in ("hello<think>", "hello"):
         full = plan(prompt, vocab, max_new_tokens=10_000, reasoning_format=fmt)
         whole = full.text(skip_special_tokens=False)
-        for budget in range(len(full.output_ids) + 1):
+        for budget in range(full.completion_tokens):  # one short of the stop token
             cut = plan(prompt, vocab, max_new_tokens=budget, reasoning_format=fmt)
             assert cut.output_ids == full.output_ids[:budget]
             assert cut.finish_reason == {"type": "length", "length": budget}
@@ -281,9 +284,11 @@ def test_adding_the_marker_tokens_to_the_trained_tokenizer_gives_the_committed_o
 
 
 def test_chunks_go_out_on_the_first_token_then_every_interval():
-    assert list(chunk_counts(0, 10, 4)) == [1, 5, 9]
-    assert list(chunk_counts(5, 12, 4)) == [9]
-    assert list(chunk_counts(0, 0, 1)) == []
+    steps = DecodeSteps()
+    assert list(steps.chunk_counts(10, 4, 0)) == [1, 5, 9]
+    assert list(steps.chunk_counts(9, 4, 0)) == [1, 5]
+    assert list(steps.chunk_counts(1, 1, 0)) == []
+    assert steps.stream_counts(10, 4, 0) == [1, 5, 9, 10]
 
 
 def test_mean_running_is_the_time_weighted_occupancy():

@@ -17,8 +17,10 @@ so they are left out, and the sequence ends there. Earlier turns the model did n
 prompt's own assistant turns) are prompt, mask 0. With `--regenerate all` every generated turn is 1
 and the template text between them 0; the sequence ends with the last generated token.
 
-Where `output_ids` were kept, a turn's tokens are those ids as the model produced them, plus the
-stop token SGLang matched and trimmed (finish_reason "stop"), never re-tokenized: token-exact. Without
+Where `output_ids` were kept, a turn's tokens are those ids as the model produced them, never
+re-tokenized: token-exact. SGLang 0.5.23 keeps the matched stop token in `output_ids` (only the
+text drops it: `managers/detokenizer_manager.py::trim_matched_stop`); records whose ids lack it
+(written by genfleet before it checked this) get it put back. Without
 them, each stretch of text is tokenized on its own (no special tokens added: the template holds
 them all), which is exactly how the producer tokenized the prompt.
 
@@ -112,15 +114,16 @@ class TokenizedFormat:
         return [marker for marker in markers if marker]
 
     def _turn_ids(self, turn: GeneratedTurn) -> list[int]:
-        """The turn's own token ids: SGLang trims the matched stop token from `output_ids` but the
-        model generated it, so it is put back."""
+        """The turn's own token ids, the stop token the model generated included."""
         ids = list(turn.output_ids or [])
         if turn.finish_reason == "stop":
             stop = turn.matched_stop
             if isinstance(stop, int):
-                ids.append(stop)
+                if ids[-1:] != [stop]:
+                    ids.append(stop)
             elif isinstance(stop, list):
-                ids += stop
+                if ids[-len(stop):] != stop:
+                    ids += stop
             elif isinstance(stop, str):
                 ids += self._encode([stop])[0]
         return ids

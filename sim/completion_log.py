@@ -1,0 +1,52 @@
+"""`--log-completions PATH`: one JSON line per request whose response went out whole.
+
+A line is written when a stream has sent its last chunk (or error chunk) and `[DONE]`, or a
+non-streaming response its body; never for a stalled request, one whose client left, or an HTTP 500
+answered before anything ran. It says what the server sent, as the ground truth for a client's
+integrity checks:
+
+    {"rid": ..., "api": "generate" | "chat",
+     "input_ids": [...]            (or "input_text": "..." for a /generate text prompt;
+                                    a chat request logs its chat template's ids),
+     "output_ids": [...],          every id sent, a matched stop id included
+     "text": "...",                all the text sent, the stop token trimmed, as skip_special_tokens
+                                    said (chat: the reasoning and content deltas joined; the line
+                                    then also holds "reasoning_content" and "content")
+     "finish_reason": {...} | null (null after an error),
+     "completion_tokens": n,       == len(output_ids): the true count
+     "stream": bool, "stream_interval": n, "incremental": bool,
+     "faults": [...]}              "abort", "error_chunk", "drop_chunk", "miscount"
+
+Corruptions are not applied to the line: a dropped chunk's ids and text are in it, and
+`completion_tokens` is the true count even when the response reported one more; `faults` says
+how what the client got differs ("miscount" only where a final count was sent: not for a chat
+stream without include_usage, nor after an error or a non-streaming abort). `incremental` is whether the stream carried deltas (a
+non-streaming response is never incremental); `stream_interval` is the request's effective one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class CompletionLog:
+    """Appends lines to a file, flushed per line so a reader (or a killed server) loses none."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", encoding="utf-8", buffering=1 << 16)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_completion_log(path: Path | str) -> list[dict[str, Any]]:
+    """Every line of a completion log, in the order the responses finished."""
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
