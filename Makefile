@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench install redis-server chromium sample-data clean
+.PHONY: demo test bench install redis-server chromium sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,3 +52,30 @@ sample-data: install
 
 clean:
 	rm -rf .demo output .pytest_cache tests/artifacts
+
+# SGLang 0.5.23's own reasoning parsers as the oracle for common/reasoning.py: thousands of
+# generated outputs per parser, non-streaming and streamed in random chunks, compared with our
+# split; prints and writes oracle/results.md, fails on any difference no documented class explains
+# (docs/reasoning-formats.md). A separate venv: sglang without its CUDA stack, CPU torch only.
+ORACLE_VENV ?= .oracle-venv
+ORACLE_PY := $(ORACLE_VENV)/bin/python
+ORACLE_TORCH ?= torch==2.13.0
+
+$(ORACLE_VENV)/.installed: oracle/requirements.txt
+	rm -rf $(ORACLE_VENV)
+	$(PYTHON) -m venv $(ORACLE_VENV)
+	$(ORACLE_VENV)/bin/pip install --quiet --upgrade pip
+	@version=$$($(ORACLE_VENV)/bin/pip install --dry-run --quiet --no-deps --report - '$(ORACLE_TORCH)' \
+	    | $(ORACLE_PY) -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["metadata"]["version"])'); \
+	  case "$$version" in *+cpu) echo "torch $$version (CPU build)";; \
+	    *) echo "pip would install torch $$version, not a CPU build: point pip at a CPU wheel" \
+	         "(e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu) or set ORACLE_TORCH" >&2; exit 1;; esac
+	$(ORACLE_VENV)/bin/pip install --quiet '$(ORACLE_TORCH)'
+	$(ORACLE_VENV)/bin/pip install --quiet --no-warn-conflicts --no-deps sglang==0.5.23
+	$(ORACLE_VENV)/bin/pip install --quiet --no-warn-conflicts -r oracle/requirements.txt
+	$(ORACLE_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+oracle: $(ORACLE_VENV)/.installed
+	$(ORACLE_PY) oracle/compare.py
+	$(ORACLE_PY) -m pytest -q -p no:cacheprovider oracle

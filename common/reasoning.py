@@ -5,8 +5,10 @@ One streaming implementation serves both uses: `ReasoningStream` takes text delt
 chunking (a marker split across chunks is still found) and `split_reasoning` is the same parser
 fed the whole text at once, so live and final splits can never disagree.
 
-Unlike SGLang's non-streaming parser we never strip whitespace: `reasoning + end marker + content`
-reproduces the model's text exactly, which token-exact training data needs.
+We never strip whitespace (older SGLang releases did; 0.5.23 no longer does): `reasoning + end
+marker + content` reproduces the model's text exactly, which token-exact training data needs.
+How this table compares with SGLang 0.5.23's own parsers, text by text and chunk by chunk, is in
+docs/reasoning-formats.md (`make oracle`).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
         ReasoningFormat("deepseek-r1", "<think>", "</think>", forced=True),
         ReasoningFormat("qwen3", "<think>", "</think>", forced=True, toggle="enable_thinking",
                         also_ends=("<tool_call>",)),
-        ReasoningFormat("qwen3-thinking", "<think>", "</think>", forced=True),
+        # SGLang maps qwen3-thinking to its Qwen3Detector: a <tool_call> also ends reasoning.
+        ReasoningFormat("qwen3-thinking", "<think>", "</think>", forced=True, also_ends=("<tool_call>",)),
         ReasoningFormat("glm45", "<think>", "</think>", forced=True, toggle="enable_thinking",
                         also_ends=("<tool_call>",)),
         ReasoningFormat("kimi", "◁think▷", "◁/think▷", forced=False),
@@ -134,16 +137,27 @@ class _ThinkMarkers:
 
     def feed(self, delta: str) -> tuple[str, str]:
         self.buffer += delta
-        reasoning = content = ""
+        lead_reasoning = lead_content = ""
         if self.state == "start":
             head = self.buffer.lstrip()
             if not head or (len(head) < len(self.fmt.start) and self.fmt.start.startswith(head)):
                 return "", ""  # might still be the model opening <think>
             if head.startswith(self.fmt.start):
+                # Whitespace before the model's own start marker is kept, on the side the output
+                # was on when it came (as SGLang streams it): reasoning if forced, else content.
+                lead = self.buffer[: len(self.buffer) - len(head)]
+                if self.forced:
+                    lead_reasoning = lead
+                else:
+                    lead_content = lead
                 self.buffer = head[len(self.fmt.start):]
                 self.state = "reasoning"
             else:
                 self.state = "reasoning" if self.forced else "content"
+        reasoning, content = self._consume()
+        return lead_reasoning + reasoning, lead_content + content
+
+    def _consume(self) -> tuple[str, str]:
         if self.state == "reasoning":
             at, marker = self._first_stopper()
             if at == -1:
@@ -154,10 +168,9 @@ class _ThinkMarkers:
             # The end marker is dropped; a tool-call marker belongs to the content.
             rest = self.buffer[at + len(marker):] if marker == self.fmt.end else self.buffer[at:]
             self.buffer, self.state, self.closed = "", "content", True
-            content = rest
-        elif self.state == "content":
-            content, self.buffer = self.buffer, ""
-        return reasoning, content
+            return reasoning, rest
+        content, self.buffer = self.buffer, ""
+        return "", content
 
     def finish(self) -> tuple[str, str]:
         rest, self.buffer = self.buffer, ""
@@ -172,11 +185,17 @@ class _ThinkMarkers:
 
 
 class _Harmony:
-    """gpt-oss Harmony: `<|channel|>analysis<|message|>…<|end|>` is reasoning, the `final` channel
-    is content. Messages are emitted whole, when their terminator arrives; other channels
-    (tool calls on `commentary`) go to the content verbatim so nothing is lost."""
+    """gpt-oss Harmony, routed as SGLang 0.5.23's HarmonyParser routes a complete text:
+    `<|channel|>analysis<|message|>…<|end|>` is reasoning, the `final` channel's body is content,
+    a `commentary` message closed by `<|end|>` (a preamble) gives its body to the content, and a
+    tool call (any channel closed by `<|call|>`, built-in tools on `analysis` included) goes to the
+    content verbatim, framing and all, for a tool-call parser. Text outside any message is content.
+    Messages are emitted whole, when their terminator arrives, so any chunking gives the same
+    split; what is left at the end is routed as an unterminated message. Only the framing of
+    routed messages and a stray terminator outside any message (as SGLang) are dropped."""
 
     TERMINATORS = ("<|end|>", "<|return|>", "<|call|>")
+    CHANNELS = ("analysis", "commentary", "final")
     MESSAGE = re.compile(r"(?:<\|start\|>[^<]*)?<\|channel\|>(?P<header>.*?)<\|message\|>(?P<body>.*)", re.S)
 
     def __init__(self) -> None:
@@ -201,17 +220,24 @@ class _Harmony:
         return self._route(message, "") if message else ("", "")
 
     def _route(self, message: str, terminator: str) -> tuple[str, str]:
-        match = self.MESSAGE.match(message)
+        match = self.MESSAGE.search(message)
         if match is None:
             return "", message
-        channel = match["header"].split()[0] if match["header"].split() else ""
+        # Text before the header (outside any message) is content, as SGLang emits it.
+        outside, framed = message[: match.start()], message[match.start():]
+        # The channel is what the header starts with (`commentary to=functions.f <|constrain|>json`).
+        header = match["header"].strip().lower()
+        channel = next((name for name in self.CHANNELS if header.startswith(name)), "")
+        if terminator == "<|call|>":
+            self.closed = True  # a complete tool call: the model did not stop mid-thought
+            return "", outside + framed + terminator
         if channel == "analysis":
             self.closed = self.closed or bool(terminator)
-            return match["body"], ""
-        if channel == "final":
-            self.closed = True
-            return "", match["body"]
-        return "", message + terminator
+            return match["body"], outside
+        if channel == "final" or (channel == "commentary" and terminator == "<|end|>"):
+            self.closed = self.closed or channel == "final"
+            return "", outside + match["body"]
+        return "", outside + framed + terminator
 
 
 def _partial_marker_tail(text: str, markers: tuple[str, ...]) -> int:

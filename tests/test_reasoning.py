@@ -106,3 +106,39 @@ def test_forced_reasoning_is_recovered_exactly_for_any_text_and_split_point(reas
     stream.feed(text[cut:])
     stream.finish()
     assert (stream.reasoning, stream.content) == (reasoning, content)
+
+
+# --- semantics aligned with SGLang 0.5.23's server (found by `make oracle`, docs/reasoning-formats.md) ---
+def test_qwen3_thinking_tool_call_ends_reasoning_like_sglangs_qwen3_detector():
+    # SGLang maps qwen3-thinking to Qwen3Detector, whose tool_start_token is <tool_call>.
+    split = split_reasoning("plan it\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>", "qwen3-thinking")
+    assert (split.reasoning, split.content) == ("plan it\n", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>")
+
+
+def test_whitespace_before_the_models_own_start_marker_is_kept():
+    # Forced: the output starts inside reasoning, so the whitespace is reasoning (as SGLang streams it).
+    split = split_reasoning("\n<think>step</think>answer", "deepseek-r1")
+    assert (split.reasoning, split.content) == ("\nstep", "answer")
+    # Not forced: it came before reasoning opened, so it is content.
+    split = split_reasoning(" ◁think▷hmm◁/think▷ok", "kimi")
+    assert (split.reasoning, split.content) == ("hmm", " ok")
+
+
+def test_gpt_oss_commentary_preamble_body_is_content():
+    text = ("<|channel|>analysis<|message|>plan<|end|>"
+            "<|start|>assistant<|channel|>commentary<|message|>Checking the weather.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Sunny.")
+    split = split_reasoning(text, "gpt-oss")
+    assert (split.reasoning, split.content) == ("plan", "Checking the weather.Sunny.")
+
+
+def test_gpt_oss_builtin_tool_call_on_analysis_is_content_not_reasoning():
+    call = "<|start|>assistant<|channel|>analysis to=browser.search <|constrain|>json<|message|>{\"q\": \"x\"}<|call|>"
+    split = split_reasoning("<|channel|>analysis<|message|>look it up<|end|>" + call, "gpt-oss")
+    assert (split.reasoning, split.content, split.closed) == ("look it up", call, True)
+
+
+def test_gpt_oss_text_between_messages_is_content_and_the_next_message_still_routes():
+    text = "<|channel|>analysis<|message|>a<|end|>\n<|start|>assistant<|channel|>analysis<|message|>b<|end|>"
+    split = split_reasoning(text, "gpt-oss")
+    assert (split.reasoning, split.content) == ("ab", "\n")
