@@ -23,7 +23,7 @@ from bench.proc_stats import MachineCpu, cpu_seconds, has_exited, peak_rss_bytes
 from bench.prompts import write_prompts
 from bench.steady_state import SteadyStateWindow, Window
 
-SLOTS = 150  # in flight per host (DESIGN.md), for genfleet and the baseline's semaphore
+SLOTS = 150  # in flight per host (docs/ARCHITECTURE.md), for genfleet and the baseline's semaphore
 POLL_S = 0.05
 RUN_TIMEOUT_S = 600.0
 BASELINE_SCRIPT = REPO / "bench" / "baseline_client.py"
@@ -201,7 +201,7 @@ def _peak(window: SteadyStateWindow) -> int:
 
 
 def _progress(client: redis.Redis) -> dict[str, int]:
-    from common.status import read_progress
+    from genfleet.status.read_model import read_progress
 
     totals = read_progress(client, "bench").totals()
     return {"done": totals.done, "failed": totals.failed, "completion_tokens": totals.completion_tokens}

@@ -42,7 +42,8 @@ class RunKeys:
 
     @property
     def dead_letters(self) -> str:
-        """Hash: prompt id -> msgpack dead letter (payload, error class, message, attempts, ...)."""
+        """Hash: prompt id -> msgpack dead letter (`common/dead_letters.py`: payload, error class, message,
+        attempts, ...)."""
         return f"{self.base}:dead"
 
     # --- what `genfleet status` reads to show rates, lengths and ETA (written by the workers) ----
@@ -92,7 +93,7 @@ def worker_beacon(name: str) -> str:
 
 
 class ManifestFields:
-    """Field names inside a run's manifest hash, shared by the producer (writes) and workers (read)."""
+    """Field names inside a run's manifest hash (written by `common/run_manifest.py`, read by all)."""
     CREATED_AT = "created_at"
     CONFIG = "config"  # JSON: the run-wide config the producer hashed
     CONFIG_HASH = "config_hash"
@@ -120,7 +121,8 @@ class ManifestFields:
         return f"max_tokens_per_dataset:{dataset}"
 
 
-# --- Celery's keys in the broker Redis (kombu's Redis transport names them; we only write them) ---
+# --- Celery's keys in the broker Redis: kombu's Redis transport names and writes them; of ours, only
+# RunState.publish (LPUSH onto a queue list) and the lease reaper (workers/leases.py, restore) do ---
 def queue_list(queue: str) -> str:
     """List of a queue's messages at the default priority: kombu LPUSHes there, workers BRPOP."""
     return queue

@@ -7,6 +7,9 @@ SHORT = "short"
 LONG = "long"
 PARTITIONS = (SHORT, LONG)
 
+# Requests in flight per SGLang host, per pool: long prompts hold far more KV cache each.
+IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
+
 GENERATE_TASK = "genfleet.generate"
 
 # Each queue gets its own direct exchange: sharing the default one would route both keys alike.

@@ -1,21 +1,31 @@
 """A run's shared state in Redis: per-dataset counters, enqueued/done bitmaps, rejections, dead letters.
 
-State is compact by design (DESIGN.md "Scale"): bitmaps over row indices and counter hashes, never a
-key per prompt, so ten million prompts cost a few megabytes.
+`RunState` is the only writer of those keys (see docs/ARCHITECTURE.md, "Who writes which Redis
+key"): the producer publishes through `publish` (the Lua script `common/publish.lua`, which also
+pushes onto kombu's queue lists), `enqueue --recover-lost` releases rows through
+`release_enqueued`, workers settle rows and dead-letter prompts, `requeue` forgets letters. The
+manifest and datasets set are `RunManifest`'s; RunState only reads them.
+
+State is compact by design: bitmaps over row indices and counter hashes, never a key per prompt,
+so ten million prompts cost a few megabytes.
 """
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 
-import msgpack
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
 from redis.retry import Retry
 
-from common.keys import ManifestFields, RunKeys
+from common import bitmaps
+from common.dead_letters import DeadLetter
+from common.keys import RunKeys, queue_list
 from common.records import TaskPayload
+from common.run_manifest import RunManifest
 from common.settings import verify_tls_by_default
 
 COUNTER_FIELDS = (
@@ -27,15 +37,12 @@ COUNTER_FIELDS = (
     "integrity",
 )
 
-# Set the done bit and count the record only the first time: a task run twice (a worker died
-# after writing, before acking) must not be counted twice.
-_MARK_DONE = """
-local old = redis.call('SETBIT', KEYS[1], ARGV[1], 1)
-if old == 0 then
-  for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
-end
-return old
-"""
+# The scripts live beside this module as files (as dramatiq keeps its broker's Lua scripts).
+_MARK_DONE = resources.files(__package__).joinpath("mark_done.lua").read_text(encoding="utf-8")
+_PUBLISH = resources.files(__package__).joinpath("publish.lua").read_text(encoding="utf-8")
+# Redis 7 checks a flagged script for out-of-memory before it starts, never half-way through:
+# without the flag line an OOM error could stop the script after some of its writes.
+_PUBLISH_FLAGGED = "#!lua\n" + _PUBLISH
 
 
 @dataclass(frozen=True)
@@ -60,18 +67,72 @@ class Outcome:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class OutgoingTask:
+    """One encoded task for `publish`: its row, its queue, the kombu message and task-sent event."""
+    row: int
+    partition: str
+    message: bytes
+    event: bytes = b""  # the task-sent event, empty when events are off
+
+
+@dataclass(frozen=True, slots=True)
+class RowRejection:
+    row: int
+    file: str
+    line: int
+    reason: str
+
+    def entry(self) -> str:
+        return json.dumps({"file": self.file, "line": self.line, "reason": self.reason})
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one `publish` call did."""
+    pushed: dict[str, int]  # queue -> tasks pushed onto it
+    claimed: int  # rows found enqueued or done at publish time (another producer got there first)
+    new_rejections: int
+
+
 class RunState:
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.redis = client
         self.run = run
         self.keys = RunKeys(run)
+        self.run_manifest = RunManifest(client, run)
         self._mark_done = client.register_script(_MARK_DONE)
+        self._publish: Script | None = None  # registered on first use
 
     # --- producer side -------------------------------------------------------------------
     def register_dataset(self, dataset: str, source: str) -> None:
-        self.redis.sadd(self.keys.datasets, dataset)
-        self.redis.hsetnx(self.keys.manifest, ManifestFields.source(dataset), source)
-        self.redis.hsetnx(self.keys.manifest, ManifestFields.CREATED_AT, time.time())
+        self.run_manifest.register_dataset(dataset, source)
+
+    def publish(self, dataset: str, tasks: Sequence[OutgoingTask], rejections: Sequence[RowRejection], *,
+                queues: Sequence[str], event_channel: str = "") -> Published:
+        """One atomic step: pushes every task whose row is neither enqueued nor done onto its queue
+        (marking it enqueued, counting it in `total`), publishes its task-sent event on
+        `event_channel` ('' for none), and records the rejections (counted once per row)."""
+        number = {queue: i for i, queue in enumerate(queues, start=1)}
+        args: list[int | str | bytes] = [len(tasks), len(rejections), event_channel]
+        for task in tasks:
+            args += (task.row, number[task.partition], task.message, task.event)
+        for rejection in rejections:
+            args += (rejection.row, rejection.entry())
+        keys = [self.keys.enqueued(dataset), self.keys.done(dataset), self.keys.counters(dataset),
+                self.keys.rejected(dataset), *(queue_list(queue) for queue in queues)]
+        reply = self._publish_script()(keys=keys, args=args)
+        return Published({queue: int(count) for queue, count in zip(queues, reply, strict=False)},
+                         claimed=int(reply[len(queues)]), new_rejections=int(reply[len(queues) + 1]))
+
+    def release_enqueued(self, dataset: str, rows: Sequence[int]) -> None:
+        """Forget that these rows were enqueued (they were lost in transit), so the next publish
+        of the dataset includes them; `total` counts them again then."""
+        pipe = self.redis.pipeline(transaction=True)
+        for row in rows:
+            pipe.setbit(self.keys.enqueued(dataset), row, 0)
+        pipe.hincrby(self.keys.counters(dataset), "total", -len(rows))
+        pipe.execute()
 
     def row_claims(self, dataset: str, rows: list[int]) -> tuple[set[int], set[int]]:
         """Which of `rows` are already enqueued (not done yet) and which are done.
@@ -87,10 +148,9 @@ class RunState:
         enqueued_bits, done_bits = pipe.execute()
         enqueued, done = set(), set()
         for row in rows:
-            offset, mask = (row >> 3) - first, 0x80 >> (row & 7)  # Redis bitmaps are MSB first
-            if offset < len(done_bits) and done_bits[offset] & mask:
+            if bitmaps.is_set(done_bits, row, first_byte=first):
                 done.add(row)
-            elif offset < len(enqueued_bits) and enqueued_bits[offset] & mask:
+            elif bitmaps.is_set(enqueued_bits, row, first_byte=first):
                 enqueued.add(row)
         return enqueued, done
 
@@ -99,13 +159,11 @@ class RunState:
         enqueued, done = self.row_claims(dataset, rows)
         return [row for row in rows if row not in enqueued and row not in done]
 
-    def manifest(self) -> dict[str, str]:
-        return {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.manifest).items()}
+    def enqueued_row_set(self, dataset: str) -> set[int]:
+        return set(bitmaps.set_rows(self.redis.get(self.keys.enqueued(dataset)) or b""))
 
-    def dataset_budget(self, dataset: str) -> int | None:
-        """The dataset's completion-token budget as the producer recorded it (None: no budget)."""
-        value = self.redis.hget(self.keys.manifest, ManifestFields.budget(dataset))
-        return int(value) if value is not None else None
+    def done_row_set(self, dataset: str) -> set[int]:
+        return set(bitmaps.set_rows(self.redis.get(self.keys.done(dataset)) or b""))
 
     def record_rejection(self, dataset: str, row: int, file: str, line: int, reason: str) -> bool:
         """Returns True the first time this row is rejected (re-runs do not count it again)."""
@@ -131,20 +189,17 @@ class RunState:
         old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=args)
         return old == 0
 
-    def record_dead_letter(self, payload: TaskPayload, error_class: str, message: str,
-                           upstream: str | None) -> None:
-        letter = msgpack.packb({
-            "payload": payload.to_dict(), "error_class": error_class, "message": message,
-            "attempts": payload.attempt, "upstream": upstream, "time": time.time(),
-        }, use_bin_type=True)
-        if self.redis.hset(self.keys.dead_letters, payload.id, letter):
-            self.redis.hincrby(self.keys.counters(payload.dataset), "failed", 1)
-
     def mark_skipped(self, dataset: str, row: int) -> bool:
         """A prompt that will not be generated (its dataset's token budget is spent): settled like
         a done one, so resume never re-enqueues it, but counted as skipped."""
         old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=[row, "skipped", 1])
         return old == 0
+
+    def record_dead_letter(self, payload: TaskPayload, error_class: str, message: str,
+                           upstream: str | None) -> None:
+        letter = DeadLetter.of(payload, error_class, message, upstream)
+        if self.redis.hset(self.keys.dead_letters, payload.id, letter.encode()):
+            self.redis.hincrby(self.keys.counters(payload.dataset), "failed", 1)
 
     def completion_tokens(self, dataset: str) -> int:
         return int(self.redis.hget(self.keys.counters(dataset), "completion_tokens") or 0)
@@ -152,19 +207,32 @@ class RunState:
     def count(self, dataset: str, counter: str, amount: int = 1) -> None:
         self.redis.hincrby(self.keys.counters(dataset), counter, amount)
 
+    # --- operator side -------------------------------------------------------------------
     def forget_dead_letter(self, dataset: str, prompt_id: str) -> None:
         """After a dead letter is re-published: it is pending again, not failed."""
         if self.redis.hdel(self.keys.dead_letters, prompt_id):
             self.redis.hincrby(self.keys.counters(dataset), "failed", -1)
 
-    def dead_letters(self) -> dict[str, dict]:
+    def read_dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter of the run, oldest first."""
         raw = self.redis.hgetall(self.keys.dead_letters)
-        return {key.decode() if isinstance(key, bytes) else key: msgpack.unpackb(value, raw=False)
-                for key, value in raw.items()}
+        return sorted((DeadLetter.decode(key, value) for key, value in raw.items()),
+                      key=lambda letter: letter.time)
+
+    def dead_letters(self) -> dict[str, dict]:
+        """Prompt id -> the stored document of its dead letter (`DeadLetter.to_dict`)."""
+        return {letter.id: letter.to_dict() for letter in self.read_dead_letters()}
 
     # --- readers -------------------------------------------------------------------------
+    def manifest(self) -> dict[str, str]:
+        return self.run_manifest.fields()
+
+    def dataset_budget(self, dataset: str) -> int | None:
+        """The dataset's completion-token budget as the producer recorded it (None: no budget)."""
+        return self.run_manifest.budget(dataset)
+
     def datasets(self) -> list[str]:
-        return sorted(_text(name) for name in self.redis.smembers(self.keys.datasets))
+        return self.run_manifest.datasets()
 
     def counters(self, dataset: str) -> dict[str, int]:
         raw = self.redis.hgetall(self.keys.counters(dataset))
@@ -173,6 +241,12 @@ class RunState:
 
     def done_rows(self, dataset: str) -> int:
         return self.redis.bitcount(self.keys.done(dataset))
+
+    def _publish_script(self) -> Script:
+        if self._publish is None:
+            version = tuple(int(part) for part in str(self.redis.info("server")["redis_version"]).split(".")[:2])
+            self._publish = self.redis.register_script(_PUBLISH_FLAGGED if version >= (7, 0) else _PUBLISH)
+        return self._publish
 
 
 def _text(value: bytes | str) -> str:

@@ -1,12 +1,13 @@
 """One typed settings object for every part, read from `GENFLEET_*` env vars; CLI flags override."""
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.queues import IN_FLIGHT_PER_HOST
 
 
 class Settings(BaseSettings):
@@ -25,6 +26,9 @@ class Settings(BaseSettings):
 
     # SGLang hosts a worker streams from; `genfleet worker --upstream` overrides.
     upstreams: Annotated[list[str], NoDecode] = []
+    # The queue a worker consumes, and its requests in flight (None: `in_flight()`'s default).
+    pool: Literal["short", "long"] = "short"
+    concurrency: int | None = None
     # "generate": native /generate with the producer's token ids (exact, the default);
     # "chat": /v1/chat/completions, the server templates and splits reasoning itself.
     api: Literal["generate", "chat"] = "generate"
@@ -79,6 +83,11 @@ class Settings(BaseSettings):
     # workers to drain and streams the rest, so a huge dataset never sits in Redis at once.
     max_queue_depth: int = 0
 
+    def in_flight(self) -> int:
+        """Requests a worker keeps in flight over all its upstreams: `concurrency`, or the pool's
+        per-host default times the hosts."""
+        return self.concurrency or IN_FLIGHT_PER_HOST[self.pool] * max(len(self.upstreams), 1)
+
     @field_validator("redis_url")
     @classmethod
     def _verify_tls(cls, value: str) -> str:
@@ -101,8 +110,3 @@ def verify_tls_by_default(url: str) -> str:
     if not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
         return url
     return f"{url}{'&' if '?' in url else '?'}ssl_cert_reqs=required"
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()

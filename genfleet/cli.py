@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import typer
 
-from common.status import status_command
+from genfleet.export.cli import export_command
+from genfleet.failures import failures_command, requeue_command
+from genfleet.status.command import status_command
 from producer.cli import enqueue_command
 from sim.cli import sim_command
-from workers.cli import failures_command, flower_command, requeue_command, worker_command
-from workers.export_cli import export_command
+from workers.cli import flower_command, worker_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run large prompt datasets through SGLang servers as a Celery fleet.")

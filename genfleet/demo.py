@@ -21,8 +21,8 @@ from pathlib import Path
 import redis
 from rich.live import Live
 
-from common.run_status import read_status
-from common.status import render, wide_console
+from genfleet.status.read_model import read_status
+from genfleet.status.render import render, wide_console
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "sim" / "model"
@@ -110,7 +110,7 @@ def main() -> None:
         stack.callback(processes.stop_all)
         redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
         stack.callback(shutil.rmtree, redis_dir, True)
-        # The broker settings DESIGN.md asks for: AOF every second, never evict a queued task.
+        # The broker settings docs/ARCHITECTURE.md asks for: AOF every second, never evict a queued task.
         processes.start("redis", "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
                         "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
                         "--maxmemory-policy", "noeviction", "--save", "")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.run_state import connect
-from common.settings import get_settings, verify_tls_by_default
+from common.settings import Settings, verify_tls_by_default
 from common.tokenizer import TokenizerNotFoundError
 from producer.dry_run import DryRunDestination
 from producer.recovery import find_lost_rows, release_rows
@@ -117,7 +117,7 @@ def enqueue_command(
         batch_size=batch_size,
     )
     try:
-        config = resolve(cli, load_run_file(run_file) if run_file else None, get_settings())
+        config = resolve(cli, load_run_file(run_file) if run_file else None, Settings())
         for dataset in config.datasets:
             open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
         templater = PromptTemplater(config.tokenizer)

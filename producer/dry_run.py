@@ -7,9 +7,10 @@ from typing import Any
 
 from celery import Celery
 
+from common.kombu_wire import TaskMessageEncoder
 from common.queues import QUEUES, SERIALIZATION
-from producer.publisher import OutgoingTask, PublishResult, RowRejection
-from producer.task_message import TaskMessageEncoder
+from common.run_state import OutgoingTask, RowRejection
+from producer.publisher import PublishResult
 
 # What Redis spends beyond the message bytes: list-node headers and allocator size classes. Measured
 # on redis 7 with 0.3-30 KB messages: 3-15 % more, depending on how sizes meet jemalloc's classes.

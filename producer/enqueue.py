@@ -12,10 +12,11 @@ from itertools import islice
 from typing import Any, Protocol
 
 from common.records import TaskPayload
+from common.run_state import OutgoingTask, RowRejection
 from producer.conversations import RowRejected, prompt_messages, read_row
 from producer.ids import DuplicateIds, row_key
 from producer.partitioning import choose_partition
-from producer.publisher import OutgoingTask, PublishResult, RowRejection
+from producer.publisher import PublishResult
 from producer.readers import MalformedRow, SourceRow, open_dataset
 from producer.report import DatasetReport, rejection_kind
 from producer.run_config import DatasetConfig, RunConfig

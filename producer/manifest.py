@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from common.keys import ManifestFields, RunKeys
+from common.keys import ManifestFields
+from common.run_manifest import RunManifest
 from producer.run_config import RunConfig
 
 # Files that define how text becomes tokens: never the weights.
@@ -63,13 +63,16 @@ class RunIdentity:
 
 
 class Manifest:
+    """The producer's view of a run's manifest: what to record and how a re-run differs. The hash
+    itself is written by `common/run_manifest.py`."""
+
     def __init__(self, client: redis.Redis, run: str) -> None:
-        self.redis, self.run = client, run
-        self.key = RunKeys(run).manifest
+        self.run = run
+        self.store = RunManifest(client, run)
 
     def differences(self, identity: RunIdentity) -> list[str]:
         """How `identity` differs from what the run was enqueued with, one line per setting."""
-        stored = {_text(k): _text(v) for k, v in self.redis.hgetall(self.key).items()}
+        stored = self.store.fields()
         lines: list[str] = []
         if ManifestFields.CONFIG in stored:
             lines += _diff("", json.loads(stored[ManifestFields.CONFIG]), identity.run)
@@ -81,25 +84,24 @@ class Manifest:
 
     def record(self, config: RunConfig, identity: RunIdentity, predecessor: str | None = None) -> None:
         """Writes the config the first time the run (or a dataset of it) is seen; never overwrites."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hsetnx(self.key, ManifestFields.CREATED_AT, time.time())
-        pipe.hsetnx(self.key, ManifestFields.CONFIG, _canonical(identity.run))
-        pipe.hsetnx(self.key, ManifestFields.CONFIG_HASH, config_hash(identity.run))
-        pipe.hsetnx(self.key, ManifestFields.TOKENIZER_DIR, config.tokenizer)
+        fields: dict[str, str | int] = {
+            ManifestFields.CONFIG: _canonical(identity.run),
+            ManifestFields.CONFIG_HASH: config_hash(identity.run),
+            ManifestFields.TOKENIZER_DIR: config.tokenizer,
+        }
         if predecessor:
-            pipe.hsetnx(self.key, ManifestFields.PREDECESSOR, predecessor)
+            fields[ManifestFields.PREDECESSOR] = predecessor
         for dataset in config.datasets:
             dataset_identity = identity.datasets[dataset.name]
-            pipe.hsetnx(self.key, ManifestFields.source(dataset.name), dataset.source)
-            pipe.hsetnx(self.key, ManifestFields.dataset_config(dataset.name), _canonical(dataset_identity))
-            pipe.hsetnx(self.key, ManifestFields.dataset_config_hash(dataset.name), config_hash(dataset_identity))
+            fields[ManifestFields.source(dataset.name)] = dataset.source
+            fields[ManifestFields.dataset_config(dataset.name)] = _canonical(dataset_identity)
+            fields[ManifestFields.dataset_config_hash(dataset.name)] = config_hash(dataset_identity)
             if dataset.max_tokens_per_dataset is not None:
-                pipe.hsetnx(self.key, ManifestFields.budget(dataset.name), dataset.max_tokens_per_dataset)
-            pipe.sadd(RunKeys(self.run).datasets, dataset.name)
-        pipe.execute()
+                fields[ManifestFields.budget(dataset.name)] = dataset.max_tokens_per_dataset
+        self.store.record(fields, [dataset.name for dataset in config.datasets])
 
     def mark_superseded(self, successor: str) -> None:
-        self.redis.hset(self.key, ManifestFields.SUCCESSOR, successor)
+        self.store.mark_superseded(successor)
 
 
 def resolve_run(client: redis.Redis, config: RunConfig, identity: RunIdentity, *, new_run: bool) -> str:
@@ -146,7 +148,3 @@ def _show(value: Any) -> str:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

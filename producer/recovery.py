@@ -4,7 +4,7 @@ again.
 kombu's Redis transport takes a message off its queue with BRPOP and only then records it as
 unacknowledged; a worker SIGKILLed (or OOM-killed) in between loses that message. Such a prompt is
 marked enqueued, is not done and not dead-lettered, and sits in no queue and no unacked set. Clearing
-its enqueued bit makes the ordinary enqueue path publish it once more.
+its enqueued bit (`RunState.release_enqueued`) makes the ordinary enqueue path publish it once more.
 
 Run it when the fleet is drained or idle: a message caught in a live worker's BRPOP at the moment of
 the scan would be published twice (the worker that runs second sees the done bit and skips, and
@@ -12,14 +12,13 @@ export dedupes by id anyway).
 """
 from __future__ import annotations
 
-import base64
-import json
 from collections import defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-import msgpack
 import redis
 
+from common import kombu_wire
 from common.keys import KOMBU_UNACKED, queue_list
 from common.queues import PARTITIONS
 from common.run_state import RunState
@@ -32,13 +31,12 @@ def find_lost_rows(client: redis.Redis, run: str, datasets: list[str]) -> dict[s
     state = RunState(client, run)
     in_flight = _rows_in_flight(client, run)
     dead: dict[str, set[int]] = defaultdict(set)
-    for letter in state.dead_letters().values():
-        dead[letter["payload"]["dataset"]].add(letter["payload"]["row"])
+    for letter in state.read_dead_letters():
+        dead[letter.payload.dataset].add(letter.payload.row)
     lost = {}
     for dataset in datasets:
-        enqueued = _set_bits(client.get(state.keys.enqueued(dataset)) or b"")
-        done = _set_bits(client.get(state.keys.done(dataset)) or b"")
-        rows = sorted(enqueued - done - dead[dataset] - in_flight[dataset])
+        rows = sorted(state.enqueued_row_set(dataset) - state.done_row_set(dataset) - dead[dataset]
+                      - in_flight[dataset])
         if rows:
             lost[dataset] = rows
     return lost
@@ -46,18 +44,13 @@ def find_lost_rows(client: redis.Redis, run: str, datasets: list[str]) -> dict[s
 
 def release_rows(client: redis.Redis, run: str, dataset: str, rows: list[int]) -> None:
     """Forget that these rows were enqueued, so the next publish of the dataset includes them."""
-    state = RunState(client, run)
-    pipe = client.pipeline(transaction=True)
-    for row in rows:
-        pipe.setbit(state.keys.enqueued(dataset), row, 0)
-    pipe.hincrby(state.keys.counters(dataset), "total", -len(rows))  # counted again when re-published
-    pipe.execute()
+    RunState(client, run).release_enqueued(dataset, rows)
 
 
 def _rows_in_flight(client: redis.Redis, run: str) -> dict[str, set[int]]:
     rows: dict[str, set[int]] = defaultdict(set)
-    for message in _queued_and_unacked(client):
-        payload = _payload(message)
+    for envelope in _queued_and_unacked(client):
+        payload = kombu_wire.task_payload(envelope)
         if payload and payload.get("run") == run:
             rows[payload["dataset"]].add(payload["row"])
     return rows
@@ -68,26 +61,7 @@ def _queued_and_unacked(client: redis.Redis) -> Iterator[dict[str, Any]]:
         key = queue_list(queue)
         for start in range(0, client.llen(key), SCAN_CHUNK):
             for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
-                yield json.loads(raw)
+                yield kombu_wire.decode_queued(raw)
     for _tag, raw in client.hscan_iter(KOMBU_UNACKED, count=SCAN_CHUNK):
-        message, _exchange, _routing_key = json.loads(raw)
-        yield message
-
-
-def _payload(message: dict[str, Any]) -> dict[str, Any] | None:
-    if message.get("content-type") != "application/x-msgpack":
-        return None
-    body = message["body"]
-    if message.get("properties", {}).get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    args, _kwargs, _embed = msgpack.unpackb(body, raw=False)
-    return args[0] if args and isinstance(args[0], dict) else None
-
-
-def _set_bits(bitmap: bytes) -> set[int]:
-    """Row indices whose bit is set (Redis bitmaps are most significant bit first)."""
-    rows = set()
-    for index, byte in enumerate(bitmap):
-        if byte:
-            rows.update(index * 8 + bit for bit in range(8) if byte & (0x80 >> bit))
-    return rows
+        envelope, _exchange, _routing_key = kombu_wire.decode_unacked(raw)
+        yield envelope

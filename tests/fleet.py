@@ -13,7 +13,8 @@ from pathlib import Path
 
 import redis
 
-from common.status import RunProgress, read_progress
+from genfleet.status.read_model import read_progress
+from genfleet.status.snapshot import RunProgress
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "sim" / "model"

@@ -1,12 +1,12 @@
-"""The ETA maths (`common/eta.py`) and the length histogram it rests on, on synthetic distributions."""
+"""The ETA maths (`genfleet/status/eta.py`) and the length histogram it rests on, on synthetic distributions."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from common.eta import FLEET, OWN, DatasetWork, PoolThroughput, estimate_etas, share_pool, uniform_rate_eta
 from common.length_histogram import LengthHistogram, bucket_bounds, bucket_of
+from genfleet.status.eta import FLEET, OWN, DatasetWork, PoolThroughput, estimate_etas, share_pool, uniform_rate_eta
 
 
 def lognormal_lengths(n: int, median: float, sigma: float, seed: int = 0) -> list[int]:

@@ -17,12 +17,12 @@ from common.run_state import Outcome, RunState
 from common.tokenizer import load_tokenizer, render_prompts
 from fleet import TOKENIZER, Fleet
 from genfleet.cli import app
+from genfleet.export.formats import specforge_line
+from genfleet.export.sinks import BucketShuffle
+from genfleet.export.tokenized import TokenizedFormat
 from sim.completion import LengthModel, plan_completion
 from sim.vocab import SimVocab
 from sim_process import SimProcess
-from workers.export_formats import specforge_line
-from workers.export_sinks import BucketShuffle
-from workers.export_tokenized import TokenizedFormat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from make_sample_data import dataset_args, write_datasets  # noqa: E402

@@ -20,7 +20,7 @@ from fleet import Fleet
 from sim_process import SimProcess, free_port
 
 from common import rates
-from common.run_status import read_status
+from genfleet.status.read_model import read_status
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 FLOWER_AUTH = ("watcher", "s3cret")

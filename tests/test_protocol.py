@@ -13,9 +13,9 @@ from fleet import TOKENIZER
 from sim.completion import LengthModel, plan_completion
 from sim.vocab import SimVocab
 from sim_process import SimProcess
-from workers.completion_split import CompletionSplitter
+from workers.sglang.split import CompletionSplitter
 from workers.errors import PermanentError, StreamCut, StreamStalled, TransientError, UpstreamAborted
-from workers.sglang_client import SglangClient
+from workers.sglang.client import SglangClient
 
 FORMATS = ["kimi_k2", "deepseek-r1", "qwen3", "qwen3-thinking", "glm45", "kimi", "gpt-oss", "none"]
 SCALE = 0.03

@@ -2,7 +2,7 @@
 import pytest
 
 from workers.errors import PermanentError, TransientError, UpstreamAborted
-from workers.sglang_stream import StreamAssembler
+from workers.sglang.generate_stream import StreamAssembler
 
 WORDS = [" a", " b", " c", " d", " e"]
 IDS = [10, 11, 12, 13, 14]

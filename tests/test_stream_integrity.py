@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from common.reasoning import REASONING_FORMATS, split_reasoning
-from workers.chat_stream import ChatStreamAssembler
+from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.errors import IntegrityError
-from workers.sglang_stream import StreamAssembler, StreamMode
+from workers.sglang.generate_stream import StreamAssembler, StreamMode
 
 CUMULATIVE, INCREMENTAL, V0_5_2 = "cumulative", "incremental", "0.5.2"
 MODES = (CUMULATIVE, INCREMENTAL, V0_5_2)

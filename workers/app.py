@@ -1,15 +1,16 @@
-"""The Celery app: every Celery setting genfleet uses, in one place (see DESIGN.md)."""
+"""The Celery app: every Celery setting genfleet uses, in one place (docs/ARCHITECTURE.md, "Celery
+settings"). Built from the caller's `Settings`; the worker registers its task on it
+(`workers.tasks.register`), Flower and `requeue` only publish and watch."""
 from __future__ import annotations
 
 from celery import Celery
 
 from common.queues import QUEUES, SERIALIZATION, SHORT
-from common.settings import Settings, get_settings
+from common.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
-    app = Celery("genfleet", broker=settings.redis_url, include=["workers.tasks"])
+def create_app(settings: Settings) -> Celery:
+    app = Celery("genfleet", broker=settings.redis_url)
     transport = {
         # kombu re-queues an unacked task after this even if it still runs: far above any task.
         "visibility_timeout": settings.visibility_timeout_s,
@@ -43,6 +44,3 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
-
-
-app = create_app()

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from common.queues import LONG, PARTITIONS, SHORT
-
-# In flight per SGLang host (DESIGN.md): long prompts hold far more KV cache each.
-IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
+from common.queues import PARTITIONS
+from common.settings import Settings
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
@@ -34,27 +32,13 @@ def worker_command(
     """Run a Celery worker (threads pool) that streams completions for one queue."""
     if pool not in PARTITIONS:
         raise typer.BadParameter(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
-    if api is not None:
-        os.environ["GENFLEET_API"] = api
-    if metrics_port is not None:
-        os.environ["GENFLEET_METRICS_PORT"] = str(metrics_port)
-    if tokenizer is not None:
-        os.environ["GENFLEET_TOKENIZER"] = tokenizer
-    _apply_overrides(redis_url, upstreams=upstream)
-    in_flight = concurrency or IN_FLIGHT_PER_HOST[pool] * len(upstream)
-
+    settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, api=api, tokenizer=tokenizer,
+                             redis_url=redis_url, metrics_port=metrics_port)
     # One INFO line per HTTP request would drown the task log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from workers import runtime
-    runtime.configure(pool, in_flight)
-    threads = in_flight + runtime.SPARE_THREADS
-    from workers.app import app
+    from workers.lifecycle import run_worker  # Celery's worker machinery loads only here
 
-    app.worker_main(argv=[
-        "worker", "--pool=threads", f"--concurrency={threads}", f"--queues={pool}",
-        f"--hostname={pool}-{os.getpid()}@%h", "--task-events", "--without-gossip", "--without-mingle",
-        f"--loglevel={loglevel}",
-    ])
+    run_worker(settings, loglevel)
 
 
 def flower_command(
@@ -64,10 +48,9 @@ def flower_command(
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
     """Run Flower on the workers' own Celery app (same queues and visibility timeout)."""
-    _apply_overrides(redis_url)
-    from common.settings import get_settings
-    from workers.app import app
+    from workers.app import create_app
 
+    settings = settings_with(redis_url=redis_url)
     argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
             "--purge_offline_workers=600",
             # Flower's default columns hide args, result and exception: the per-task id and size,
@@ -75,82 +58,18 @@ def flower_command(
             f"--tasks_columns={FLOWER_TASK_COLUMNS}",
             # Its runtime histogram stops at 10 s by default; our tasks run for minutes.
             "--task_runtime_metric_buckets=" + ",".join(str(b) for b in FLOWER_RUNTIME_BUCKETS)]
-    auth = get_settings().flower_auth
-    if auth:
-        argv.append(f"--basic-auth={auth}")
+    if settings.flower_auth:
+        argv.append(f"--basic-auth={settings.flower_auth}")
     else:
         # Flower refuses its API without auth; on loopback the API is fine for local use.
         if address not in ("127.0.0.1", "localhost", "::1"):
             raise typer.BadParameter("set GENFLEET_FLOWER_AUTH=user:password to bind Flower beyond loopback")
+        # Flower reads this from the environment only (flower/views/__init__.py, 2.2.0): it is
+        # Flower's own switch, not a genfleet setting.
         os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
-    app.start(argv=argv)
+    create_app(settings).start(argv=argv)
 
 
-def _apply_overrides(redis_url: str | None, upstreams: list[str] | None = None) -> None:
-    """CLI flags override env vars; set them before the app and settings are first built."""
-    if redis_url:
-        os.environ["GENFLEET_REDIS_URL"] = redis_url
-    if upstreams:
-        os.environ["GENFLEET_UPSTREAMS"] = ",".join(upstreams)
-    from common.settings import get_settings
-    get_settings.cache_clear()
-
-
-def failures_command(
-    run: Annotated[str, typer.Option(help="Run id")],
-    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
-) -> None:
-    """Dead letters of a run, grouped by error class and message."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    from common.run_state import RunState, connect
-    from common.settings import get_settings
-    from workers.dead_letters import group_failures, read_dead_letters
-
-    _apply_overrides(redis_url)
-    letters = read_dead_letters(RunState(connect(get_settings().redis_url), run))
-    table = Table(title=f"dead letters · run {run} · {len(letters)} prompts")
-    for column in ("count", "class", "message", "example id"):
-        table.add_column(column, justify="right" if column == "count" else "left")
-    for group in group_failures(letters):
-        table.add_row(str(group.count), group.error_class, escape(group.message), escape(group.example_id))
-    Console().print(table)
-
-
-def requeue_command(
-    run: Annotated[str, typer.Option(help="Run id")],
-    dataset: Annotated[Optional[str], typer.Option(help="Only this dataset")] = None,
-    error_class: Annotated[Optional[str], typer.Option(help="Only this class: permanent, exhausted, integrity")] = None,
-    match: Annotated[Optional[str], typer.Option(help="Only letters whose message contains this text")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(
-        help="Override max_new_tokens (e.g. to fit the context)")] = None,
-    dry_run: Annotated[bool, typer.Option(help="Show what would be requeued; change nothing")] = False,
-    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
-) -> None:
-    """Put dead letters back on their queue; each leaves the store only once re-published."""
-    from rich.console import Console
-
-    from common.run_state import RunState, connect
-    from common.settings import get_settings
-    from workers.dead_letters import read_dead_letters, requeue, select
-
-    _apply_overrides(redis_url)
-    state = RunState(connect(get_settings().redis_url), run)
-    chosen = select(read_dead_letters(state), dataset=dataset, error_class=error_class, match=match)
-    console = Console()
-    if dry_run:
-        for letter in chosen:
-            console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})", markup=False)
-        console.print(f"{len(chosen)} dead letters would be requeued")
-        return
-    from rich.progress import track
-
-    from workers.app import app
-
-    # Each letter is published and dropped from the store one by one: thousands take a while.
-    letters = track(chosen, description="requeueing", console=console, disable=not console.is_terminal,
-                    transient=True)
-    count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
-    console.print(f"requeued {count} dead letters of run {run}")
+def settings_with(**flags: Any) -> Settings:
+    """The settings from GENFLEET_* env vars, with the flags the user gave (not None) on top."""
+    return Settings(**{name: value for name, value in flags.items() if value is not None})

@@ -1,11 +1,8 @@
 """Typed failures of a generation. Each says whether retrying can help; the task reads only that."""
 from __future__ import annotations
 
-TRANSIENT = "transient"
-PERMANENT = "permanent"
-EXHAUSTED = "exhausted"
-# A stream that disagreed with itself (ids vs completion_tokens, text vs ids) every time it was tried.
-INTEGRITY = "integrity"
+from common.dead_letters import EXHAUSTED, INTEGRITY, PERMANENT, TRANSIENT
+
 
 
 class GenerationError(Exception):

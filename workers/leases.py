@@ -5,10 +5,13 @@ kombu's Redis transport restores an unacknowledged message only after the visibi
 outlives that timeout. Instead, every message a worker holds gets a lease in Redis that the worker
 renews on a heartbeat; the visibility timeout is set far above any task, and a reaper re-queues a
 message only when its lease has expired, i.e. its worker is gone. A live task is never restored.
+
+This module is the only writer of the lease zset and the reaper lock (`common/keys.py`). Restoring
+also writes kombu's own keys (`unacked`, `unacked_index`, the queue list); see `Reaper._restore`
+for why that is not delegated to kombu.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -16,7 +19,8 @@ import uuid
 
 import redis
 
-from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
+from common import kombu_wire
+from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK, queue_list
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +115,17 @@ class Reaper:
                 self.redis.delete(REAPER_LOCK)
 
     def _restore(self, tag: str) -> bool:
-        """kombu's own restore, done atomically: back onto its queue, out of the unacked set."""
+        """kombu's own restore (kombu 5.7.0, kombu/transport/redis.py: `QoS.restore_by_tag` with
+        `Channel._do_restore_message`), plus dropping the lease, in one transaction: out of the
+        unacked set and index, marked redelivered, RPUSHed back onto its queue (next in line: kombu
+        consumes with BRPOP).
+
+        Done here rather than by calling `QoS.restore_by_tag`: that method belongs to a live kombu
+        Channel, which connects to the broker URL on creation (the reaper holds a Redis client, not
+        the broker settings), and it runs its own MULTI, so the lease could not go in the same
+        transaction. The message format is read and written by `common/kombu_wire.py`. Our
+        exchanges route by routing key == queue name, so the routing key names the list, as
+        kombu's exchange lookup would."""
         restored = False
 
         def transaction(pipe: redis.client.Pipeline) -> None:
@@ -122,12 +136,8 @@ class Reaper:
             pipe.hdel(KOMBU_UNACKED, tag)
             pipe.zrem(LEASES, tag)
             if raw:
-                message, _exchange, routing_key = json.loads(raw)
-                message.setdefault("headers", {})["redelivered"] = True
-                message.get("properties", {}).get("delivery_info", {})["redelivered"] = True
-                # Our exchanges are direct with routing key == queue name; RPUSH puts it next in
-                # line (kombu consumes with BRPOP), as kombu's restore does.
-                pipe.rpush(routing_key, json.dumps(message))
+                envelope, _exchange, routing_key = kombu_wire.decode_unacked(raw)
+                pipe.rpush(queue_list(routing_key), kombu_wire.redelivered(envelope))
                 restored = True
 
         self.redis.transaction(transaction, KOMBU_UNACKED)

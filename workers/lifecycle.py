@@ -1,55 +1,82 @@
-"""A worker process's life around its tasks: start the lease heartbeat, reaper and health probes
-when Celery is ready, lease every message it receives, and shut down gracefully.
+"""A worker process's life around its tasks, all its Celery signals in one place: start the lease
+heartbeat, reaper, health probes and telemetry when Celery is ready, lease every message it
+receives, count tasks in flight, and shut down gracefully.
 
 The threads pool has no working soft shutdown: on SIGTERM, running streams get `shutdown_grace_s`
 to finish, then give their message back (`Reject(requeue=True)`); records already being written
 are always finished first.
+
+Handlers are closures over this process's runtime, connected with `weak=False`: Celery's signals
+hold weak references by default (`celery/utils/dispatch/signal.py`), which would drop them at once.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
-from celery.signals import task_postrun, task_received, worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    task_postrun, task_prerun, task_received, worker_ready, worker_shutdown, worker_shutting_down,
+)
 
-from workers import telemetry
-from workers.runtime import SHUTDOWN, close_runtime, get_runtime, pool_config
+from common.settings import Settings
+from workers import tasks, telemetry
+from workers.app import create_app
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 
-@worker_ready.connect
-def _start_background(**_: Any) -> None:
-    get_runtime().start_background()
-    telemetry.start(get_runtime(), *pool_config())  # beacon for `status`, Prometheus /metrics
+def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
+    """`genfleet worker`: one Celery worker (threads pool) consuming `settings.pool`."""
+    runtime = WorkerRuntime.build(settings)
+    app = create_app(settings)
+    tasks.register(app, runtime)
+    connect_signals(runtime)
+    app.worker_main(argv=[
+        "worker", "--pool=threads", f"--concurrency={runtime.threads}", f"--queues={settings.pool}",
+        f"--hostname={settings.pool}-{os.getpid()}@%h", "--task-events",
+        "--without-gossip", "--without-mingle", f"--loglevel={loglevel}",
+    ])
 
 
-@task_received.connect
-def _lease_received(request: Any = None, **_: Any) -> None:
-    # Leased on receipt, not on start: a retry held back for its countdown must not look abandoned.
-    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-    if tag:
-        get_runtime().leases.hold(request.id, str(tag))
+def connect_signals(runtime: WorkerRuntime) -> None:
+    beacon: list[telemetry.Beacon] = []
 
+    def started(**_: Any) -> None:
+        runtime.start_background()
+        beacon.append(telemetry.start(runtime))  # beacon for `status`, Prometheus /metrics
 
-@task_postrun.connect
-def _release_finished(task_id: str | None = None, **_: Any) -> None:
-    if task_id:
-        get_runtime().leases.release(task_id)
+    def lease_received(request: Any = None, **_: Any) -> None:
+        # Leased on receipt, not on start: a retry held back for its countdown must not look abandoned.
+        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        if tag:
+            runtime.leases.hold(request.id, str(tag))
 
+    def task_started(task: Any = None, args: Any = None, **_: Any) -> None:
+        if key := telemetry.task_key(task, args):
+            telemetry.IN_FLIGHT.change(key, +1)
 
-@worker_shutting_down.connect
-def _stop_streams_after_grace(**_: Any) -> None:
-    grace = get_runtime().settings.shutdown_grace_s
-    log.warning("shutting down: running streams have %.0f s to finish, then are re-queued", grace)
-    timer = threading.Timer(grace, SHUTDOWN.set)
-    timer.daemon = True
-    timer.start()
+    def task_finished(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
+        if key := telemetry.task_key(task, args):
+            telemetry.IN_FLIGHT.change(key, -1)
+        if task_id:
+            runtime.leases.release(task_id)
 
+    def stop_streams_after_grace(**_: Any) -> None:
+        grace = runtime.settings.shutdown_grace_s
+        log.warning("shutting down: running streams have %.0f s to finish, then are re-queued", grace)
+        timer = threading.Timer(grace, runtime.shutdown.set)
+        timer.daemon = True
+        timer.start()
 
-@worker_shutdown.connect
-def _close(**_: Any) -> None:
-    telemetry.stop()
-    close_runtime()
+    def close(**_: Any) -> None:
+        for each in beacon:
+            each.stop()
+        runtime.close()
 
+    for signal, handler in ((worker_ready, started), (task_received, lease_received), (task_prerun, task_started),
+                            (task_postrun, task_finished), (worker_shutting_down, stop_streams_after_grace),
+                            (worker_shutdown, close)):
+        signal.connect(handler, weak=False)

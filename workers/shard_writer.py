@@ -2,18 +2,17 @@
 returns (and is then acknowledged) always has its record on disk.
 
 Many threads write at once; one flusher thread per shard commits them as a group, so 150 streams
-cost one fsync per commit interval, not one each. Layout: `{out}/{run}/{dataset}/{worker}-{seq:05d}.jsonl`,
-with `.open` appended while the shard is being written.
+cost one fsync per commit interval, not one each. The layout (`{out}/{run}/{dataset}/{worker}-{seq:05d}.jsonl`,
+`.open` while being written) is `common/shards.py`'s.
 """
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from pathlib import Path
 
-OPEN_SUFFIX = ".open"
+from common.shards import open_shard_name, sealed, shard_dir, shard_seq
 
 
 class ShardWriterClosed(RuntimeError):
@@ -45,7 +44,7 @@ class ShardWriter:
 
     @property
     def open_path(self) -> Path:
-        return self.directory / f"{self.worker}-{self._seq:05d}.jsonl{OPEN_SUFFIX}"
+        return self.directory / open_shard_name(self.worker, self._seq)
 
     def write(self, line: bytes) -> None:
         """Append one JSON line and block until it is on disk (fsynced)."""
@@ -121,8 +120,7 @@ class ShardWriter:
             return
         self._file.close()
         self._file = None
-        sealed = self.open_path.with_suffix("")  # drops ".open"
-        os.rename(self.open_path, sealed)
+        os.rename(self.open_path, sealed(self.open_path))
         _fsync_dir(self.directory)
 
 
@@ -152,15 +150,14 @@ class ShardSet:
         with self._lock:
             writer = self._writers.get((run, dataset))
             if writer is None:
-                writer = ShardWriter(self.root / run / dataset, self.worker, max_bytes=self.max_bytes,
+                writer = ShardWriter(shard_dir(self.root, run, dataset), self.worker, max_bytes=self.max_bytes,
                                      commit_interval_s=self.commit_interval_s, max_age_s=self.max_age_s)
                 self._writers[(run, dataset)] = writer
             return writer
 
 
 def _next_seq(directory: Path, worker: str) -> int:
-    pattern = re.compile(rf"^{re.escape(worker)}-(\d+)\.jsonl(?:{re.escape(OPEN_SUFFIX)})?$")
-    seqs = [int(m.group(1)) for p in directory.iterdir() if (m := pattern.match(p.name))]
+    seqs = [seq for p in directory.iterdir() if (seq := shard_seq(p.name, worker)) is not None]
     return max(seqs, default=-1) + 1
 
 

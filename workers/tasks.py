@@ -1,52 +1,53 @@
 """The generate task: route → stream → split reasoning → write (fsync) → account.
 
 The task returns only once its record is durable, and Celery acknowledges it only then
-(acks_late), so an acknowledged prompt is always on disk.
+(acks_late), so an acknowledged prompt is always on disk. What happens to a failed attempt is
+`workers/failures.py`'s decision.
 """
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import Any
 
-from celery import Task
-from celery.exceptions import Reject, Retry
+from celery import Celery, Task
+from celery.exceptions import Reject
 
 from common.queues import GENERATE_TASK
 from common.reasoning import get_format, starts_in_reasoning
 from common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from common.run_state import Outcome
 from common.tokenizer import render_prompts
-from workers.app import app
-from workers.errors import (
-    GenerationError, IntegrityError, PermanentError, ShutdownRequested, TransientError, UpstreamAborted,
-)
-from workers import lifecycle  # noqa: F401 - wires the worker's signals
 from workers import telemetry
-from workers.runtime import SHUTDOWN, WorkerRuntime, get_runtime
-from workers.sglang_client import Generation
+from workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
+from workers.failures import handle_failure
+from workers.runtime import WorkerRuntime
+from workers.sglang.client import Generation
+from workers.sglang.requests import chat_body, generate_body
 from workers.turns import history_before, reply_positions
 
 log = logging.getLogger(__name__)
 
 
-# Attempts are counted in the payload; Celery's own retry limit (3 by default) would otherwise raise
-# the error on the 4th retry and fail the task without a dead letter.
-@app.task(name=GENERATE_TASK, bind=True, max_retries=None)
-def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
-    payload = TaskPayload.from_dict(raw_payload)
-    runtime = get_runtime()
-    try:
-        return complete(payload, runtime)
-    except ShutdownRequested:
-        raise Reject("worker shutting down", requeue=True) from None
-    except GenerationError as error:
-        _handle_failure(self, payload, runtime, error)
-    except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
-        log.exception("unexpected error on %s", payload.id)
-        _handle_failure(self, payload, runtime, TransientError(f"{type(error).__name__}: {error}"))
+def register(app: Celery, runtime: WorkerRuntime) -> Task:
+    """The generate task on `app`, running on `runtime`."""
+
+    # Attempts are counted in the payload (max_retries=None): failures.py decides when to stop.
+    @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
+    def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
+        payload = TaskPayload.from_dict(raw_payload)
+        try:
+            return complete(payload, runtime)
+        except ShutdownRequested:
+            raise Reject("worker shutting down", requeue=True) from None
+        except GenerationError as error:
+            handle_failure(self, payload, runtime, error)
+        except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
+            log.exception("unexpected error on %s", payload.id)
+            handle_failure(self, payload, runtime, TransientError(f"{type(error).__name__}: {error}"))
+
+    return generate
 
 
 def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
@@ -97,19 +98,21 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
                  deadline: float) -> tuple[Generation, str]:
     settings, pool = runtime.settings, runtime.upstreams
     input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
+    stop = runtime.shutdown.is_set
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
-                    should_stop=SHUTDOWN.is_set) as upstream:
+                    should_stop=stop) as upstream:
         # Checked once a slot is held, right before generating: a spare thread may have waited.
         # Prompts already streaming may still overshoot the budget by their own length.
         if budget_spent(payload, runtime):
             raise BudgetSpent()
         try:
             if settings.api == "chat":
-                generation = runtime.client.chat(upstream, chat_request(payload, prompt), deadline=deadline,
-                                                 should_stop=SHUTDOWN.is_set)
+                generation = runtime.client.chat(upstream, chat_body(payload, prompt), deadline=deadline,
+                                                 should_stop=stop)
             else:
-                generation = runtime.client.generate(upstream, generate_request(payload, runtime, input_ids),
-                                                     deadline=deadline, should_stop=SHUTDOWN.is_set)
+                body = generate_body(payload, input_ids, skip_special_tokens=settings.skip_special_tokens,
+                                     stream_interval=settings.stream_interval)
+                generation = runtime.client.generate(upstream, body, deadline=deadline, should_stop=stop)
         except GenerationError as error:
             error.upstream = upstream
             pool.report(upstream, ok=not error.blames_upstream)
@@ -136,28 +139,6 @@ def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict])
         raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
                              "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
     return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
-
-
-def generate_request(payload: TaskPayload, runtime: WorkerRuntime, input_ids: list[int] | None) -> dict[str, Any]:
-    sampling = {
-        **payload.sampling,
-        "max_new_tokens": payload.max_new_tokens,
-        # Keep </think> in the text: with it skipped, reasoning silently merges into content.
-        "skip_special_tokens": runtime.settings.skip_special_tokens,
-        "stream_interval": runtime.settings.stream_interval,
-    }
-    prompt = {"input_ids": input_ids} if input_ids is not None else {"text": payload.text}
-    return {**prompt, "stream": True, "sampling_params": sampling}
-
-
-def chat_request(payload: TaskPayload, prompt: list[dict]) -> dict[str, Any]:
-    sampling = dict(payload.sampling)
-    if "sampling_seed" in sampling:
-        sampling["seed"] = sampling.pop("sampling_seed")
-    return {
-        "model": "default", "messages": prompt, "max_tokens": payload.max_new_tokens, **sampling,
-        "chat_template_kwargs": payload.chat_template_kwargs, "separate_reasoning": True,
-    }
 
 
 def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple[Turn, Generation]],
@@ -203,37 +184,3 @@ def summary(record: CompletionRecord) -> dict[str, Any]:
         "reasoning_tokens": record.usage.reasoning_tokens, "finish_reason": record.finish_reason,
         "seconds": round(seconds, 3), "upstream": record.upstream, "id": record.id,
     }
-
-
-def _handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime,
-                    error: GenerationError) -> NoReturn:
-    settings = runtime.settings
-    telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
-    if isinstance(error, UpstreamAborted):
-        runtime.run_state(payload.run).count(payload.dataset, "aborted")
-    if isinstance(error, IntegrityError):
-        log.warning("integrity check failed for %s on %s (attempt %d): %s", payload.id, error.upstream,
-                    payload.attempt, error)
-        runtime.run_state(payload.run).count(payload.dataset, "integrity")
-    if error.retryable and payload.attempt < settings.max_attempts:
-        countdown = retry_countdown(payload.attempt, settings.retry_backoff_s, settings.retry_backoff_max_s)
-        retry = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
-                                       "failed_upstream": error.upstream})
-        try:
-            # Our own argsrepr, or Flower would show the whole payload, prompt included.
-            raise task.retry(args=[retry.to_dict()], countdown=countdown, exc=error,
-                             argsrepr=retry.argsrepr(f"attempt {retry.attempt}"))
-        except Retry:
-            raise
-        except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
-            log.exception("could not publish the retry of %s; giving the message back", payload.id)
-            raise Reject("retry not published", requeue=True) from None
-    error_class = error.exhausted_class if error.retryable else error.error_class
-    runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
-    # Raising marks the task FAILURE in Flower with the error's type, class and message.
-    raise error.as_dead_letter(error_class, payload.attempt)
-
-
-def retry_countdown(attempt: int, base_s: float, max_s: float) -> float:
-    """Exponential backoff with full jitter: spreads a burst of failures over time."""
-    return random.uniform(0, min(max_s, base_s * 2 ** (attempt - 1)))

@@ -2,9 +2,9 @@
 Redis (for `genfleet status`), Prometheus metrics (`/metrics`), and a beacon with its upstreams'
 health and its tasks in flight.
 
-The task calls `completed` and `failed`; Celery's task start/end signals count tasks in flight;
-`lifecycle` calls `start` when the worker is ready and `stop` when it shuts down. None of it may
-fail a task: the record is already durable when these run, so a lost sample is only logged.
+The task calls `completed` and `failed`; `lifecycle` feeds Celery's task start/end to `IN_FLIGHT`,
+calls `start` when the worker is ready and `stop` when it shuts down. None of it may fail a task:
+the record is already durable when these run, so a lost sample is only logged.
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from collections import Counter
 from typing import Any
 
 import redis
-from celery.signals import task_postrun, task_prerun
-
 from common import beacons, rates
 from common.queues import GENERATE_TASK
 from common.records import CompletionRecord, TaskPayload
-from common.run_state import connect
-from workers.errors import PERMANENT, TRANSIENT, GenerationError, IntegrityError
+from common.dead_letters import PERMANENT, TRANSIENT
+from workers.errors import GenerationError, IntegrityError
 from workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
 from workers.runtime import WorkerRuntime
 
@@ -92,25 +90,12 @@ class InFlight:
 IN_FLIGHT = InFlight()
 
 
-def _task_key(task: Any, args: Any) -> tuple[str, str, str] | None:
+def task_key(task: Any, args: Any) -> tuple[str, str, str] | None:
+    """(run, dataset, partition) of a generate task, from its payload; None for any other task."""
     if getattr(task, "name", None) != GENERATE_TASK or not args or not isinstance(args[0], dict):
         return None
     payload = args[0]
     return str(payload.get("run")), str(payload.get("dataset")), str(payload.get("partition"))
-
-
-@task_prerun.connect
-def _task_started(task: Any = None, args: Any = None, **_: Any) -> None:
-    key = _task_key(task, args)
-    if key:
-        IN_FLIGHT.change(key, +1)
-
-
-@task_postrun.connect
-def _task_ended(task: Any = None, args: Any = None, **_: Any) -> None:
-    key = _task_key(task, args)
-    if key:
-        IN_FLIGHT.change(key, -1)
 
 
 class Beacon:
@@ -150,24 +135,16 @@ class Beacon:
                 return
 
 
-_beacon: Beacon | None = None
-
-
-def start(runtime: WorkerRuntime, pool: str, slots: int) -> None:
-    """When the worker is ready: the beacon, and /metrics unless its port is 0."""
-    global _beacon
-    client = connect(runtime.redis_url)
-    _beacon = Beacon(client, runtime, pool, slots)
-    _beacon.start()
+def start(runtime: WorkerRuntime) -> Beacon:
+    """When the worker is ready: the beacon (returned, for `stop`), and /metrics unless its port is 0."""
+    pool, slots = runtime.settings.pool, runtime.settings.in_flight()
+    beacon = Beacon(runtime.redis, runtime, pool, slots)
+    beacon.start()
     METRICS.slots.labels(pool).set(slots)
     port = runtime.settings.metrics_port
     port = DEFAULT_PORTS.get(pool, 0) if port is None else port
     if port:
-        METRICS.registry.register(FleetCollector(client, lambda: (runtime.upstreams.in_flight(),
-                                                                  runtime.upstreams.healthy())))
+        METRICS.registry.register(FleetCollector(runtime.redis, lambda: (runtime.upstreams.in_flight(),
+                                                                         runtime.upstreams.healthy())))
         serve(port)
-
-
-def stop() -> None:
-    if _beacon is not None:
-        _beacon.stop()
+    return beacon

@@ -45,7 +45,7 @@ class UpstreamState:
 
 
 class UpstreamPool:
-    def __init__(self, urls: list[str], *, per_upstream_cap: int = 150, failure_threshold: int = 3,
+    def __init__(self, urls: list[str], *, per_upstream_cap: int, failure_threshold: int = 3,
                  open_s: float = 30.0, probe_interval_s: float = 15.0) -> None:
         if not urls:
             raise NoUpstreamError("no SGLang upstream configured: pass --upstream URL (or GENFLEET_UPSTREAMS)")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.export_formats import Conversation, FormatError, GeneratedTurn, Record, conversation_of
+from genfleet.export.conversation import Conversation, FormatError, GeneratedTurn, Record, conversation_of
 
 
 class TokenizedFormat:

@@ -1,4 +1,8 @@
-"""Reads a run's shards back, from one or several output roots (e.g. copied from several hosts).
+"""The shard layout, shared by the worker that writes shards and the export that reads them back,
+and the reader (from one or several output roots, e.g. copied from several hosts).
+
+Layout: `{out}/{run}/{dataset}/{worker}-{seq:05d}.jsonl`, with `.open` appended while the shard is
+being written; sealing a shard renames it without the suffix.
 
 `ShardWriter` writes whole lines and fsyncs each before its task is acknowledged, so every line of
 a sealed shard is complete, and only the last line of a `.open` shard can be torn (a crash, or a
@@ -8,14 +12,45 @@ a valid record is an error naming its file and line.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.shard_writer import OPEN_SUFFIX
-
 SHARD_SUFFIX = ".jsonl"
+OPEN_SUFFIX = ".open"
+
+
+def shard_dir(root: Path, run: str, dataset: str) -> Path:
+    """Where one worker's (and every other worker's) shards of a run's dataset go."""
+    return root / run / dataset
+
+
+def open_shard_name(worker: str, seq: int) -> str:
+    """The name of a shard while it is being written."""
+    return f"{worker}-{seq:05d}{SHARD_SUFFIX}{OPEN_SUFFIX}"
+
+
+def sealed(path: Path) -> Path:
+    """The name a `.open` shard gets once it is sealed."""
+    return path.with_name(path.name.removesuffix(OPEN_SUFFIX))
+
+
+def is_open_shard(name: str) -> bool:
+    return name.endswith(OPEN_SUFFIX)
+
+
+def is_shard(name: str) -> bool:
+    """A shard's file name, sealed or open."""
+    return name.endswith(SHARD_SUFFIX) or name.endswith(SHARD_SUFFIX + OPEN_SUFFIX)
+
+
+def shard_seq(name: str, worker: str) -> int | None:
+    """The sequence number of `worker`'s shard `name` (sealed or open), or None if it is not one."""
+    match = re.match(rf"^{re.escape(worker)}-(\d+){re.escape(SHARD_SUFFIX)}(?:{re.escape(OPEN_SUFFIX)})?$", name)
+    return int(match.group(1)) if match else None
+
 
 # What export needs of a record, and the type each field must have.
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -43,7 +78,7 @@ class Shard:
 
     @property
     def is_open(self) -> bool:
-        return self.path.name.endswith(OPEN_SUFFIX)
+        return is_open_shard(self.path.name)
 
 
 @dataclass(frozen=True)
@@ -77,8 +112,7 @@ def find_shards(roots: Sequence[Path], run: str) -> list[Shard]:
             continue
         for dataset_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
             for path in sorted(dataset_dir.iterdir()):
-                if path.is_file() and (path.name.endswith(SHARD_SUFFIX)
-                                       or path.name.endswith(SHARD_SUFFIX + OPEN_SUFFIX)):
+                if path.is_file() and is_shard(path.name):
                     shards.append(Shard(path, dataset_dir.name, path.stat().st_size))
     return shards
 
@@ -102,7 +136,7 @@ class ShardReader:
             if not is_open:
                 raise
             # Sealed since it was listed (renamed without `.open`): read it under its new name.
-            path, is_open = path.with_name(path.name[: -len(OPEN_SUFFIX)]), False
+            path, is_open = sealed(path), False
             handle = open(path, "rb")
         with handle:
             for number, raw in enumerate(handle, start=1):

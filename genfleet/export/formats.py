@@ -1,9 +1,8 @@
-"""Export formats: a completion record becomes one line of training or batch-result data.
+"""Export formats: a completion record becomes one line of training or batch-result data, and
+`FORMATS`, the one registry of them that the command and the exporter dispatch through.
 
-Every format starts from the same `Conversation`: the prompt messages with the generated assistant
-turn(s) in place. With `--regenerate all` the record's `messages` already hold the model's earlier
-replies (content only, as the model saw them), and `turns` holds each reply's reasoning too; the
-conversation puts each generated turn back where it was generated.
+Every format starts from the same `Conversation` (conversation.py): the prompt messages with the
+generated assistant turn(s) in place.
 
 Line shapes (one JSON object per line):
 - specforge:    {"id", "conversations": [{"role", "content", "reasoning_content"?}, ...]}
@@ -13,87 +12,34 @@ Line shapes (one JSON object per line):
                 reasoning markers (`<think>…</think>` for kimi_k2), its content alone if it has no reasoning
 - openai-batch: {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}, the
                 body a `chat.completion` of the last generated turn (see `openai_batch_line`)
-- tokenized:    {"id", "input_ids", "loss_mask"} (workers/export_tokenized.py)
+- tokenized:    {"id", "input_ids", "loss_mask"} (genfleet/export/tokenized.py)
 `reasoning_content` is present on generated turns with non-empty reasoning; prompt messages are
 passed through as they are.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from common.reasoning import ReasoningFormat
-from workers.errors import PERMANENT
+from common.keys import ManifestFields
+from common.reasoning import ReasoningFormat, get_format
+from genfleet.export.conversation import Record, conversation_of, generated_turns
+from genfleet.export.tokenized import TokenizedFormat
+from common.dead_letters import PERMANENT
 
-Message = dict[str, Any]
-Record = dict[str, Any]
+if TYPE_CHECKING:
+    from genfleet.export.reconcile import RunLedger
+
 # A format turns a record into the JSON object of its output line.
 RecordFormatter = Callable[[Record], dict[str, Any]]
+# A dead letter (prompt id, dataset, error class, message) as a line of a format's error file.
+ErrorLine = Callable[[str, str, str, str], dict[str, Any]]
 
-FORMATS = ("specforge", "sharegpt", "openai", "openai-batch", "tokenized")
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
-
-
-class FormatError(ValueError):
-    """A record this format cannot express; the message names the record."""
-
-
-@dataclass(frozen=True)
-class GeneratedTurn:
-    reasoning: str
-    content: str
-    finish_reason: str
-    matched_stop: int | str | list[int] | None
-    output_ids: list[int] | None
-
-    @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "length"
-
-    def message(self) -> Message:
-        message: Message = {"role": "assistant", "content": self.content}
-        if self.reasoning:
-            message["reasoning_content"] = self.reasoning
-        return message
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    dataset: str
-    messages: list[Message]  # prompt and generated turns, in order
-    generated: tuple[int, ...]  # indices in `messages` of the generated assistant turns
-    turns: tuple[GeneratedTurn, ...]  # the generated turns, in the same order
-
-
-def generated_turns(record: Record) -> tuple[GeneratedTurn, ...]:
-    if record.get("turns"):
-        return tuple(GeneratedTurn(t["reasoning"], t["content"], t["finish_reason"], t.get("matched_stop"),
-                                   t.get("output_ids")) for t in record["turns"])
-    return (GeneratedTurn(record["reasoning"], record["content"], record["finish_reason"],
-                          record.get("matched_stop"), record.get("output_ids")),)
-
-
-def conversation_of(record: Record) -> Conversation:
-    turns = generated_turns(record)
-    messages = [dict(message) for message in record["messages"]]
-    # The model's earlier replies sit in the prompt where it made them: every assistant turn after
-    # the first user turn (workers/turns.py `reply_positions`).
-    earlier: list[int] = []
-    seen_user = False
-    for index, message in enumerate(messages if len(turns) > 1 else ()):
-        seen_user = seen_user or message.get("role") == "user"
-        if message.get("role") == "assistant" and seen_user:
-            earlier.append(index)
-    if len(earlier) != len(turns) - 1:
-        raise FormatError(f"{record['id']}: {len(turns)} generated turns, but the prompt holds "
-                          f"{len(earlier)} earlier replies")
-    for index, turn in zip(earlier, turns, strict=False):
-        messages[index] = turn.message()
-    messages.append(turns[-1].message())
-    return Conversation(record["id"], record["dataset"], messages, (*earlier, len(messages) - 1), turns)
 
 
 def specforge_line(record: Record) -> dict[str, Any]:
@@ -179,3 +125,70 @@ def openai_batch_error_line(prompt_id: str, dataset: str, error_class: str, mess
                      "request_id": _stable_id("request", prompt_id), "body": None},
         "error": {"code": error_class, "message": message},
     }
+
+
+@dataclass(frozen=True)
+class FormatInputs:
+    """What building a formatter may use besides the records: the run as Redis holds it (None with
+    `--no-reconcile`) and the command's tokenizer options."""
+    ledger: RunLedger | None = None
+    tokenizer: Path | None = None  # --tokenizer
+    chat_template_kwargs: str | None = None  # --chat-template-kwargs, JSON
+
+
+class BuiltFormat(NamedTuple):
+    formatter: RecordFormatter
+    tokenizer_dir: str | None = None  # the tokenizer it uses, for the manifest
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    name: str
+    build: Callable[[FormatInputs], BuiltFormat]
+    # Output bytes per input byte, for sizing the shuffle's buckets (token ids take more room than text).
+    expansion: float = 1.0
+    # The error file's line for a dead letter, where the format has one (`all.errors.jsonl`).
+    error_line: ErrorLine | None = None
+
+
+def _fixed(formatter: RecordFormatter) -> Callable[[FormatInputs], BuiltFormat]:
+    return lambda inputs: BuiltFormat(formatter)
+
+
+def _build_sharegpt(inputs: FormatInputs) -> BuiltFormat:
+    """The run's reasoning markers: its parser as enqueued, else the settings'."""
+    from common.settings import Settings
+
+    ledger = inputs.ledger
+    parser = (ledger.config.get("reasoning_parser") if ledger is not None else None) \
+        or Settings().reasoning_parser
+    return BuiltFormat(sharegpt_formatter(get_format(parser)))
+
+
+def _build_tokenized(inputs: FormatInputs) -> BuiltFormat:
+    """The tokenizer: --tokenizer, else the run's; chat-template kwargs: --chat-template-kwargs for
+    every dataset, else each dataset's as enqueued."""
+    from common.tokenizer import load_tokenizer
+
+    ledger = inputs.ledger
+    directory = str(inputs.tokenizer) if inputs.tokenizer is not None else (
+        ledger.manifest.get(ManifestFields.TOKENIZER_DIR) if ledger is not None else None)
+    if not directory:
+        raise ValueError("--format tokenized needs --tokenizer DIR (the run in Redis records none)")
+    default_kwargs = None
+    if inputs.chat_template_kwargs is not None:
+        default_kwargs = json.loads(inputs.chat_template_kwargs)
+        if not isinstance(default_kwargs, dict):
+            raise ValueError("--chat-template-kwargs must be a JSON object")
+    per_dataset = ledger.chat_template_kwargs() if ledger is not None else {}
+    return BuiltFormat(TokenizedFormat(load_tokenizer(directory), per_dataset, default_kwargs=default_kwargs),
+                       directory)
+
+
+FORMATS: dict[str, ExportFormat] = {spec.name: spec for spec in (
+    ExportFormat("specforge", _fixed(specforge_line)),
+    ExportFormat("sharegpt", _build_sharegpt),
+    ExportFormat("openai", _fixed(openai_line)),
+    ExportFormat("openai-batch", _fixed(openai_batch_line), error_line=openai_batch_error_line),
+    ExportFormat("tokenized", _build_tokenized, expansion=3.0),
+)}

@@ -18,20 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from workers.export_dedupe import SeenRecords
-from workers.export_filters import RecordFilters
-from workers.export_formats import FormatError, RecordFormatter, openai_batch_error_line
-from workers.export_reconcile import DatasetReconciliation, MissingRow, Reconciler, RunLedger
-from workers.export_sinks import BucketShuffle, HashedFile, OutputFiles, WrittenFile
-from workers.export_stats import RunStats
-from workers.shard_reader import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
+from common.shards import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
+from genfleet.export.conversation import FormatError
+from genfleet.export.dedupe import SeenRecords
+from genfleet.export.filters import RecordFilters
+from genfleet.export.formats import FORMATS, RecordFormatter
+from genfleet.export.reconcile import DatasetReconciliation, MissingRow, Reconciler, RunLedger
+from genfleet.export.sinks import BucketShuffle, HashedFile, OutputFiles, WrittenFile
+from genfleet.export.stats import RunStats
 
 MANIFEST = "manifest.json"
 MISSING = "missing.jsonl"
 STATS_PNG = "stats.png"
 DUPLICATE_EXAMPLES = 20
-# Output bytes per input byte, for sizing the shuffle's buckets (token ids take more room than text).
-_EXPANSION = {"tokenized": 3.0}
 
 
 class ExportError(Exception):
@@ -168,7 +167,7 @@ class Exporter:
                 self._read(shards, seen, outputs.write)
                 return
             with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=options.out) as workdir:
-                expected = sum(shard.size for shard in shards) * _EXPANSION.get(options.format, 1.0)
+                expected = sum(shard.size for shard in shards) * FORMATS[options.format].expansion
                 shuffle = BucketShuffle(Path(workdir), expected_bytes=int(expected), seed=options.seed,
                                         max_bucket_bytes=options.shuffle_buffer_bytes)
                 tags: dict[str, int] = {}  # the shuffle labels each line with a small int, not a name
@@ -225,8 +224,10 @@ class Exporter:
         return dataset, _json_line(formatted)
 
     def _write_dead_letters(self) -> None:
-        """openai-batch: the prompts that failed for good, as the error file OpenAI Batch users expect."""
-        if self.options.format != "openai-batch" or self.ledger is None:
+        """The prompts that failed for good, as the format's error file (openai-batch's is the one
+        OpenAI Batch users expect)."""
+        error_line = FORMATS[self.options.format].error_line
+        if error_line is None or self.ledger is None:
             return
         errors = OutputFiles(self.options.out, max_records=self.options.max_records_per_file,
                              per_dataset=self.options.per_dataset, merged=self.options.merged, suffix=".errors")
@@ -234,8 +235,7 @@ class Exporter:
         try:
             for letter in letters:
                 dataset = letter.payload.dataset
-                errors.write(dataset, _json_line(openai_batch_error_line(letter.id, dataset, letter.error_class,
-                                                                         letter.message)))
+                errors.write(dataset, _json_line(error_line(letter.id, dataset, letter.error_class, letter.message)))
         finally:
             self.report.files += errors.close()
 

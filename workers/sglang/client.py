@@ -1,9 +1,9 @@
 """Streams one generation from SGLang over a shared httpx client: native `/generate` (the default)
-or `/v1/chat/completions` with server-side reasoning split."""
+or `/v1/chat/completions` with server-side reasoning split. Every wire failure leaves as one of
+the typed errors of `workers/errors.py` (mapped in `wire_errors.py`)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -11,14 +11,11 @@ from typing import Any, Callable, Protocol
 
 import httpx
 
-from workers.chat_stream import ChatStreamAssembler
-from workers.errors import (
-    DeadlineExceeded, PermanentError, ShutdownRequested, StreamCut, StreamStalled, TransientError,
-)
-from workers.sglang_stream import UNKNOWN, StreamAssembler, StreamMode
-
-# 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
-RETRYABLE_4XX = {408, 429}
+from workers.errors import DeadlineExceeded, ShutdownRequested, StreamCut, TransientError
+from workers.sglang.chat_stream import ChatStreamAssembler
+from workers.sglang.generate_stream import StreamAssembler
+from workers.sglang.server_info import ServerInfo
+from workers.sglang.wire_errors import http_error, transport_errors
 
 
 @dataclass
@@ -59,67 +56,23 @@ class SglangClient:
             timeout=httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0),
         )
         self.stall_timeout_s = stall_timeout_s
-        self._model_names: dict[str, str] = {}
-        self._stream_modes: dict[str, StreamMode] = {}
-        self._asking = threading.Lock()  # 150 threads starting at once ask /server_info once
+        self.servers = ServerInfo(self.http)
 
     def close(self) -> None:
         self.http.close()
 
     def forget(self, upstream: str) -> None:
         """The host came back (its breaker closed): it may have restarted with other settings."""
-        self._model_names.pop(upstream, None)
-        self._stream_modes.pop(upstream, None)
-
-    def stream_mode(self, upstream: str) -> StreamMode:
-        """Cumulative or incremental chunks, as the server's `/server_info` says, asked once per
-        upstream; UNKNOWN (infer from the chunks) where neither it nor `/get_server_info` answers."""
-        mode = self._stream_modes.get(upstream)
-        if mode is not None:
-            return mode
-        with self._asking:
-            mode = self._stream_modes.get(upstream)
-            if mode is None:
-                mode = self._ask_stream_mode(upstream)
-                if mode is not None:
-                    self._stream_modes[upstream] = mode
-        return mode or UNKNOWN
-
-    def _ask_stream_mode(self, upstream: str) -> StreamMode | None:
-        """None: could not ask now (asked again next time); UNKNOWN: the server has no such page."""
-        # /get_server_info is the older name, still an alias in 0.5.23 (entrypoints/http_server.py).
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                response = self.http.get(f"{upstream}{path}", timeout=10.0)
-            except httpx.HTTPError:
-                return None
-            if response.status_code in (404, 405):
-                continue
-            if response.status_code != 200:
-                return None
-            try:
-                return StreamMode.from_server_info(response.json())
-            except ValueError:
-                continue
-        return UNKNOWN
+        self.servers.forget(upstream)
 
     def model_name(self, upstream: str) -> str:
-        """The served model's name from `/model_info`, asked once per upstream."""
-        name = self._model_names.get(upstream)
-        if name is None:
-            try:
-                info = self.http.get(f"{upstream}/model_info", timeout=5.0).json()
-            except (httpx.HTTPError, ValueError):
-                return "unknown"  # not cached: asked again with the next record
-            name = str(info.get("served_model_name") or info.get("model_path") or "unknown")
-            self._model_names[upstream] = name
-        return name
+        return self.servers.model_name(upstream)
 
     def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False) -> Generation:
         """Native `/generate` streaming, cumulative or incremental as the server reports it."""
         body = {"rid": new_rid(), **body}
-        mode = self.stream_mode(upstream)
+        mode = self.servers.stream_mode(upstream)
         started = time.monotonic()
         assembler = StreamAssembler(incremental=mode.incremental)
         first_token_s = self._stream(f"{upstream}/generate", body, assembler, started, deadline, should_stop,
@@ -162,29 +115,22 @@ class SglangClient:
                 deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool]) -> float | None:
         """Feeds every `data:` chunk to the assembler; returns the time to the first token."""
         first_token_s = None
-        try:
-            with self.http.stream("POST", url, json=body) as response:
-                if response.status_code != 200:
-                    raise _http_error(response)
-                for line in response.iter_lines():
-                    if should_stop():
-                        raise ShutdownRequested()
-                    if time.monotonic() > deadline:
-                        raise DeadlineExceeded("generation ran past the task deadline")
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    assembler.feed(_decode_chunk(data))
-                    if first_token_s is None and has_tokens():
-                        first_token_s = time.monotonic() - started
-        except httpx.ReadTimeout:
-            raise StreamStalled(f"no data from {url} for {self.stall_timeout_s:g} s") from None
-        except httpx.TimeoutException as error:
-            raise TransientError(f"timeout talking to {url}: {type(error).__name__}") from None
-        except httpx.TransportError as error:
-            raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None
+        with transport_errors(url, self.stall_timeout_s), self.http.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                raise http_error(response)
+            for line in response.iter_lines():
+                if should_stop():
+                    raise ShutdownRequested()
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded("generation ran past the task deadline")
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                assembler.feed(_decode_chunk(data))
+                if first_token_s is None and has_tokens():
+                    first_token_s = time.monotonic() - started
         if not assembler.finished:
             raise StreamCut(f"stream from {url} ended after {assembler.chunks} chunks without a finish reason")
         return first_token_s
@@ -204,23 +150,3 @@ def _decode_chunk(data: str) -> dict[str, Any]:
     if not isinstance(chunk, dict):
         raise TransientError(f"unexpected stream chunk: {data[:200]!r}")
     return chunk
-
-
-def _http_error(response: httpx.Response) -> TransientError | PermanentError:
-    response.read()
-    detail = _error_message(response)
-    message = f"HTTP {response.status_code} from {response.request.url}: {detail}"
-    if response.status_code >= 500 or response.status_code in RETRYABLE_4XX:
-        return TransientError(message)
-    return PermanentError(message)
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict):
-        return str(error.get("message", error))
-    return str(error)

@@ -1,35 +1,20 @@
-"""`genfleet status`: a run at a glance. One table row per dataset (progress, rates over the last 1
-and 10 minutes, completion lengths, quality shares, ETA), one per partition (queue, slots, rates),
-the upstreams, and alarms in red. `--json` prints the same as one object; `--watch` refreshes it.
+"""How `genfleet status` shows a `RunStatus`: a rich table (one row per dataset with progress, rates
+over the last 1 and 10 minutes, completion lengths, quality shares and ETA; one per partition; the
+upstreams; alarms in red) and the same as one JSON object. No Redis here.
 """
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from common.alarms import DEFAULT_ALARMS, NO_PROGRESS_S, AlarmSettings, alarms
-from common.eta import FLEET, Eta
-from common.run_state import connect
-from common.run_status import (  # noqa: F401 - RunProgress, read_progress: re-exported for existing callers
-    DatasetStatus,
-    LengthStats,
-    RunProgress,
-    RunStatus,
-    Throughput,
-    read_progress,
-    read_status,
-)
-from common.settings import get_settings
-
-WATCH_INTERVAL_S = 2.0
+from genfleet.status.alarms import DEFAULT_ALARMS, AlarmSettings, alarms
+from genfleet.status.eta import FLEET, Eta
+from genfleet.status.snapshot import DatasetStatus, LengthStats, RunStatus, Throughput
 
 
 # --- table -------------------------------------------------------------------------------------
@@ -161,36 +146,3 @@ def _rates_json(rates: dict[str, Throughput]) -> dict[str, Any]:
     return {window: {"req_per_min": round(t.req_per_min, 3), "tok_per_s": round(t.tok_per_s, 3),
                      "stream_tok_per_s": round(t.stream_tok_s, 3), "errors": round(t.errors, 3),
                      "error_share": t.error_share} for window, t in rates.items()}
-
-
-# --- command -----------------------------------------------------------------------------------
-def status_command(
-    run: Annotated[str, typer.Option(help="Run id")],
-    watch: Annotated[bool, typer.Option(help="Refresh every 2 s until interrupted")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
-    no_progress_minutes: Annotated[float, typer.Option(
-        help="Alarm when no prompt finishes for this long while some are pending")] = NO_PROGRESS_S / 60,
-    redis_url: Annotated[str | None, typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
-) -> None:
-    """Per-dataset progress, rates, completion lengths, ETA and alarms of a run."""
-    client = connect(redis_url or get_settings().redis_url)
-    settings = AlarmSettings(no_progress_s=no_progress_minutes * 60)
-    if as_json:
-        print(json.dumps(status_json(read_status(client, run), settings)))
-        return
-    console = wide_console()
-    status = read_status(client, run)
-    if not status.datasets:
-        # Most often a typo in --run or another Redis: say so rather than show an empty, "finished" run.
-        console.print(f"[yellow]run {escape(run)} has no datasets in this Redis[/] (never enqueued, another "
-                      "--run, or another GENFLEET_REDIS_URL?)")
-        if not watch:
-            raise typer.Exit(1)
-    if not watch:
-        console.print(render(status, settings))
-        return
-    from rich.live import Live
-    with Live(render(status, settings), console=console, refresh_per_second=1) as live:
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
-            live.update(render(read_status(client, run), settings))

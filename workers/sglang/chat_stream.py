@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.errors import IntegrityError, UpstreamAborted
-from workers.sglang_stream import error_from_chunk
+from workers.sglang.wire_errors import error_from_chunk
 
 # OpenAI finish reasons, mapped to SGLang's native finish types used in records.
 FINISH_TYPES = {"stop": "stop", "tool_calls": "stop", "function_call": "stop", "length": "length",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.export_formats import Record, generated_turns
+from genfleet.export.conversation import Record, generated_turns
 
 TRUNCATED = "truncated"
 NO_REASONING = "no_reasoning"

@@ -16,14 +16,15 @@ its row indices (`{dataset}/{row}`, every record seen says so), else left null.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import bitmaps
+from common.dead_letters import DeadLetter
 from common.keys import ManifestFields
 from common.run_state import RunState
-from workers.dead_letters import DeadLetter, read_dead_letters
-from workers.export_dedupe import SeenRecords
+from genfleet.export.dedupe import SeenRecords
 
 EXAMPLES = 20  # missing rows shown per dataset in the manifest and on the console
 
@@ -64,7 +65,7 @@ class RunLedger:
             c = state.counters(dataset)
             counts[dataset] = DatasetCounts(total=c["total"], done=c["done"], dead=c["failed"],
                                             rejected=c["rejected"], skipped=c["skipped"])
-        return cls(state.run, state.manifest(), counts, read_dead_letters(state))
+        return cls(state.run, state.manifest(), counts, state.read_dead_letters())
 
     @property
     def config(self) -> dict[str, Any]:
@@ -158,8 +159,7 @@ class Reconciler:
         done = self._bitmap(self.state.keys.done(dataset))
         enqueued = self._bitmap(self.state.keys.enqueued(dataset))
         width = max(len(done), len(enqueued), len(seen_bits))
-        done_bits, seen, queued = (int.from_bytes(bits.ljust(width, b"\0"), "big")
-                                   for bits in (done, seen_bits, enqueued))
+        done_bits, seen, queued = (bitmaps.to_int(bits, width) for bits in (done, seen_bits, enqueued))
         finding.done_bits = done_bits.bit_count()
         finding.records_not_done = (seen & ~done_bits).bit_count()
 
@@ -172,12 +172,12 @@ class Reconciler:
         unrecorded = done_bits & ~seen
         finding.done_without_record = unrecorded.bit_count()
         if finding.done_without_record > counts.skipped:
-            for row in _set_bits(unrecorded, width):
+            for row in bitmaps.set_rows(bitmaps.from_int(unrecorded, width)):
                 report(row, DONE_WITHOUT_RECORD)
         elif finding.done_without_record:
             finding.notes.append(f"{dataset}: {finding.done_without_record} done rows without a record: the "
                                  f"prompts skipped for the token budget ({counts.skipped} counted)")
-        for row in _set_bits(queued & ~done_bits, width):
+        for row in bitmaps.set_rows(bitmaps.from_int(queued & ~done_bits, width)):
             if row not in dead:
                 finding.pending_rows += 1
                 report(row, PENDING)
@@ -199,13 +199,3 @@ class Reconciler:
         if finding.records_not_done:
             finding.notes.append(f"{dataset}: {finding.records_not_done} records whose prompt is not marked done "
                                  "(written, then the task failed or is still running); exported all the same")
-
-
-def _set_bits(bits: int, width: int) -> Iterator[int]:
-    """Row indices of the set bits of a Redis-ordered bitmap held as a big-endian integer."""
-    data = bits.to_bytes(width, "big")
-    for index, byte in enumerate(data):
-        if byte:
-            for bit in range(8):
-                if byte & (0x80 >> bit):
-                    yield index * 8 + bit

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
+from common import bitmaps
+
 
 class RowBitmap:
     """A growable bitmap over row indices, bit order as in Redis's SETBIT."""
@@ -20,7 +22,7 @@ class RowBitmap:
 
     def test_and_set(self, row: int) -> bool:
         """Sets the row's bit; returns whether it was set before."""
-        index, mask = row >> 3, 0x80 >> (row & 7)
+        index, mask = bitmaps.locate(row)
         if index >= len(self._bits):
             self._bits.extend(bytes(max(index + 1, 2 * len(self._bits)) - len(self._bits)))
         was_set = bool(self._bits[index] & mask)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from common.keys import ManifestFields
-from workers.export import MANIFEST, MISSING, DatasetTally, ExportReport
-from workers.export_reconcile import RunLedger
+from genfleet.export.exporter import MANIFEST, MISSING, DatasetTally, ExportReport
+from genfleet.export.reconcile import RunLedger
 
 MANIFEST_VERSION = 1
 _COUNTS = ("input", "done", "dead", "rejected", "skipped")

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from common.reasoning import ReasoningSplit, split_reasoning
 from workers.errors import IntegrityError
-from workers.sglang_client import Generation
+from workers.sglang.client import Generation
 
 # Tokens that end a turn or a sequence; they carry no text of the model's.
 TURN_END_TOKENS = ("<|im_end|>", "[EOS]", "[EOT]", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",

@@ -1,67 +1,35 @@
 """Where a run stands, read from Redis: counters per dataset, queue depths, rates over the last 1 and
 10 minutes, completion-length histograms, tasks in flight and upstream health from the workers'
-beacons, and an ETA per dataset. `genfleet status`, the demo and the tests read it from here.
+beacons, and an ETA per dataset, assembled into a `RunStatus` (`snapshot`). `genfleet status`, the
+demo, the tests and the bench read it from here.
 """
 from __future__ import annotations
 
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import redis
 
 from common import beacons, rates
-from common.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
 from common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
 from common.length_histogram import LengthHistogram
 from common.queues import PARTITIONS
 from common.run_state import RunState
+from genfleet.status.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
+from genfleet.status.snapshot import (
+    DatasetProgress,
+    DatasetStatus,
+    LengthStats,
+    PartitionStatus,
+    RunProgress,
+    RunStatus,
+    Throughput,
+    UpstreamStatus,
+)
 
 WINDOW_NAMES = {60: "1m", 600: "10m"}
-
-
-@dataclass(frozen=True)
-class DatasetProgress:
-    dataset: str
-    total: int
-    done: int
-    failed: int
-    rejected: int
-    skipped: int
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    truncated: int
-    empty_reasoning: int
-    empty_content: int
-    aborted: int
-    integrity: int
-
-    @property
-    def pending(self) -> int:
-        return max(self.total - self.done - self.failed - self.skipped, 0)
-
-    @property
-    def finished(self) -> bool:
-        return self.pending == 0
-
-
-@dataclass(frozen=True)
-class RunProgress:
-    run: str
-    datasets: list[DatasetProgress]
-    queued: dict[str, int]  # messages waiting per queue (all runs share the queues)
-    unacked: int  # messages delivered to workers, not yet acknowledged
-
-    @property
-    def finished(self) -> bool:
-        return all(d.finished for d in self.datasets)
-
-    def totals(self) -> DatasetProgress:
-        fields = {name: sum(getattr(d, name) for d in self.datasets)
-                  for name in DatasetProgress.__dataclass_fields__ if name != "dataset"}
-        return DatasetProgress(dataset="all", **fields)
 
 
 def read_progress(client: redis.Redis, run: str) -> RunProgress:
@@ -74,87 +42,6 @@ def read_progress(client: redis.Redis, run: str) -> RunProgress:
     pipe.hlen(KOMBU_UNACKED)
     *depths, unacked = pipe.execute()
     return RunProgress(run, datasets, dict(zip(PARTITIONS, depths, strict=True)), unacked)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    req_per_min: float
-    tok_per_s: float
-    stream_tok_s: float  # one request's decode speed (tokens per second of request time)
-    requests: float  # prompts finished in the window
-    errors: float  # failed attempts in the window
-    error_share: float | None  # of all attempts that ended in the window
-
-    @classmethod
-    def of(cls, counts: rates.WindowCounts | None) -> Throughput:
-        if counts is None:
-            return cls(0.0, 0.0, 0.0, 0.0, 0.0, None)
-        return cls(counts.req_per_min, counts.tok_per_s, counts.stream_tok_s, counts.requests, counts.errors,
-                   counts.error_share)
-
-
-@dataclass(frozen=True)
-class LengthStats:
-    samples: int
-    median: float | None
-    mean: float | None  # exact (token counters) where the counters allow
-    p99: float | None
-
-    @classmethod
-    def of(cls, histogram: LengthHistogram, exact_mean: float | None = None) -> LengthStats:
-        return cls(histogram.samples, histogram.quantile(0.5),
-                   exact_mean if exact_mean is not None else histogram.mean(), histogram.quantile(0.99))
-
-
-@dataclass(frozen=True)
-class DatasetStatus:
-    progress: DatasetProgress
-    done_by_partition: dict[str, int]
-    in_flight: int
-    rates: dict[str, Throughput]  # window name ("1m", "10m") -> throughput
-    lengths: LengthStats
-    eta: Eta | None
-
-    @property
-    def name(self) -> str:
-        return self.progress.dataset
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    partition: str
-    queued: int  # messages waiting in its queue (all runs)
-    in_flight: int  # this run's tasks executing on its workers
-    slots: int  # task slots of its live workers
-    workers: int
-    rates: dict[str, Throughput]
-
-
-@dataclass(frozen=True)
-class UpstreamStatus:
-    url: str
-    workers: int  # live workers routing to it
-    down_in: int  # of those, how many have its circuit open
-    in_flight: int
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    run: str
-    time: float
-    progress: RunProgress
-    datasets: list[DatasetStatus]
-    partitions: list[PartitionStatus]
-    upstreams: list[UpstreamStatus]
-    workers: int  # live workers (fresh beacon), any run
-    created_at: float | None  # first enqueue
-    first_finished: float | None
-    last_finished: float | None
-    totals: DatasetStatus = field(repr=False)
-
-    @property
-    def finished(self) -> bool:
-        return self.progress.finished
 
 
 def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunStatus:

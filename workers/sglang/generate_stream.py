@@ -17,11 +17,11 @@ never written as a record.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.errors import IntegrityError, PermanentError, TransientError, UpstreamAborted
+from workers.errors import IntegrityError
+from workers.sglang.wire_errors import abort_error, error_from_chunk
 
 
 @dataclass(frozen=True)
@@ -133,31 +133,3 @@ class StreamAssembler:
         mode = {None: "mode not yet known", True: "cumulative", False: "incremental"}[self.ids_cumulative]
         said = "" if self.incremental is None else " (as the server reports)"
         return f"stream integrity: {problem} at chunk {self.chunks} ({mode}{said})"
-
-
-# What SGLang reports as a bad request (a ValueError in the server): the same request fails again.
-INVALID_REQUEST = re.compile(
-    r"context length|maximum context|Either text, input_ids|Duplicate request ID|unknown field|"
-    r"invalid|expected one of|not supported", re.I)
-
-
-def error_from_chunk(error: Any) -> TransientError | PermanentError:
-    """`data: {"error": ...}`: 0.5.23 says {message,type,code,retryable}; 0.5.2 only {message}."""
-    if not isinstance(error, dict):
-        error = {"message": str(error)}
-    message = str(error.get("message", error))
-    retryable = error.get("retryable")
-    code = error.get("code")
-    if retryable is None and isinstance(code, int):
-        retryable = code >= 500 or code in (408, 429)
-    if retryable is None:
-        retryable = not INVALID_REQUEST.search(message)
-    return (TransientError if retryable else PermanentError)(f"upstream error: {message}")
-
-
-def abort_error(finish_reason: dict[str, Any]) -> TransientError | PermanentError:
-    message = finish_reason.get("message") or "aborted"
-    status = finish_reason.get("status_code")
-    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
-        return PermanentError(f"upstream aborted ({status}): {message}")
-    return UpstreamAborted(f"upstream aborted ({status}): {message}")

@@ -1,10 +1,20 @@
-"""Encodes a task payload as the exact bytes kombu's Redis transport would store for
-`app.send_task(GENERATE_TASK, args=[payload], queue=partition)`, so the producer can push them itself
-(atomically with its bookkeeping, see `publisher.py`) and workers consume them like any Celery task.
+"""The one codec for Celery task messages as kombu's Redis transport stores them: encoded by the
+producer (which pushes them itself, atomically with its bookkeeping: `RunState.publish`), decoded by
+`enqueue --recover-lost` (what is queued or held) and by the lease reaper (what to restore).
 
-The header and property fields come from Celery itself (`app.amqp.create_task_message`, once); only
-the per-task values (task id, argsrepr, delivery tag, body) are filled in per message, which is what
-makes 5,000 prompts/s possible in Python. Also encodes the `task-sent` event Flower listens for.
+Relied on, as installed (celery 5.7.0, kombu 5.7.0):
+- celery/app/amqp.py, `AMQP.as_task_v2` (protocol 2): headers carry the task id, name and argsrepr;
+  the body is `(args, kwargs, embed)`, serialised with the app's serializer (msgpack here).
+- kombu/transport/virtual/base.py, `Channel.prepare_message` and `_inplace_augment_message`: the
+  stored envelope is `{body, content-encoding, content-type, headers, properties}`, the body
+  base64-encoded (`properties.body_encoding`), with `delivery_tag` and `delivery_info` added.
+- kombu/transport/redis.py, `Channel._put`: a queue list holds the envelope as JSON (LPUSH, consumed
+  with BRPOP); `QoS.append`: the `unacked` hash maps a delivery tag to JSON `[envelope, exchange,
+  routing_key]`; `QoS.restore_by_tag` / `Channel._do_restore_message`: a restored message is marked
+  `redelivered` in its headers and delivery_info and RPUSHed back onto its queue.
+
+Decoding accepts msgpack bodies only: any other content type (pickle above all) is never deserialised,
+as the workers' `accept_content` refuses it too (tests/test_deploy.py).
 """
 from __future__ import annotations
 
@@ -24,9 +34,18 @@ from common.queues import GENERATE_TASK
 
 EVENT_EXCHANGE = "celeryev"
 EVENT_ROUTING_KEY = "task.sent"
+MSGPACK = "application/x-msgpack"
+
+Envelope = dict[str, Any]
 
 
 class TaskMessageEncoder:
+    """Encodes a task payload as the exact bytes kombu would store for `app.send_task(GENERATE_TASK,
+    args=[payload], queue=partition)`. The header and property fields come from Celery itself
+    (`app.amqp.create_task_message`, once); only the per-task values (task id, argsrepr, delivery
+    tag, body) are filled in per message, which is what makes 5,000 prompts/s possible in Python.
+    Also encodes the `task-sent` event Flower listens for."""
+
     def __init__(self, app: Celery, task_name: str = GENERATE_TASK) -> None:
         sample = app.amqp.create_task_message(
             "0", task_name, args=[{}], kwargs={}, reply_to=app.thread_oid, create_sent_event=True,
@@ -43,8 +62,7 @@ class TaskMessageEncoder:
                       "delivery_info": {"exchange": "", "routing_key": _slot("queue")}, "priority": 0,
                       "body_encoding": "base64", "delivery_tag": _slot("tag")}
         self._message = _JsonTemplate({"body": _slot("body"), "content-encoding": "binary",
-                                       "content-type": "application/x-msgpack", "headers": headers,
-                                       "properties": properties})
+                                       "content-type": MSGPACK, "headers": headers, "properties": properties})
         self._event_body = _JsonTemplate({
             "hostname": self._hostname, "utcoffset": utcoffset(), "pid": os.getpid(), "clock": _slot("clock"),
             **(sample.sent_event or {}), "uuid": _slot("id"), "root_id": _slot("id"), "args": _slot("argsrepr"),
@@ -73,6 +91,39 @@ class TaskMessageEncoder:
         return self._event.render(body=f'"{body}"', tag=f'"{self._uuids.next()}"').encode("ascii")
 
 
+# --- decoding ---------------------------------------------------------------------------------
+def decode_queued(raw: bytes | str) -> Envelope:
+    """An entry of a queue list (`Channel._put`)."""
+    return json.loads(raw)
+
+
+def decode_unacked(raw: bytes | str) -> tuple[Envelope, str, str]:
+    """An entry of the `unacked` hash (`QoS.append`): (envelope, exchange, routing key)."""
+    envelope, exchange, routing_key = json.loads(raw)
+    return envelope, exchange, routing_key
+
+
+def task_payload(envelope: Envelope) -> dict[str, Any] | None:
+    """The payload (first positional argument) of a genfleet task message; None for any message
+    that is not msgpack, or whose first argument is not a payload. Pickle is never deserialised."""
+    if envelope.get("content-type") != MSGPACK:
+        return None
+    body = envelope["body"]
+    if envelope.get("properties", {}).get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args, _kwargs, _embed = msgpack.unpackb(body, raw=False)
+    return args[0] if args and isinstance(args[0], dict) else None
+
+
+def redelivered(envelope: Envelope) -> str:
+    """The envelope marked redelivered and serialised for its queue list, as
+    `Channel._do_restore_message` restores it."""
+    envelope.setdefault("headers", {})["redelivered"] = True
+    envelope.get("properties", {}).get("delivery_info", {})["redelivered"] = True
+    return json.dumps(envelope)
+
+
+# --- encoding helpers -------------------------------------------------------------------------
 _json = json.JSONEncoder(ensure_ascii=True).encode  # kombu's JSON is ASCII-escaped too
 _SLOT = re.compile(r'"\$\{(\w+)\}"')
 

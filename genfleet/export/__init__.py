@@ -1,0 +1,12 @@
+"""`genfleet export`: a run's shards, from one or several output roots, become one clean dataset.
+
+- `cli`: the typer command (options, Redis, exit codes); `console`: its progress bars and tables.
+- `exporter`: the one streaming pass (read → dedupe → stats → filter → format → write) and its report.
+- `formats`: the line shapes and `FORMATS`, the one registry of them; `conversation`: the record as a
+  conversation every format starts from; `tokenized`: the `input_ids` / `loss_mask` format.
+- `filters`, `dedupe`, `stats`: what is left out, what was seen, completion-length statistics.
+- `sinks`: the output files (split, hashed) and the bounded-memory shuffle.
+- `reconcile`: the shards checked against the run in Redis; `manifest`: `manifest.json`.
+
+The shard layout and reader are `common.shards`. Nothing is imported here: `--help` stays cheap.
+"""

@@ -1,0 +1,155 @@
+"""`genfleet export`: the command around `genfleet.export.exporter` (options, Redis, format, progress,
+report). Every format is built through the one registry, `formats.FORMATS`."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from genfleet.export.console import RichProgress, print_findings, summary_table
+from genfleet.export.formats import FORMATS, BuiltFormat, FormatInputs
+
+if TYPE_CHECKING:
+    from genfleet.export.exporter import ExportOptions, ExportReport
+    from genfleet.export.reconcile import Reconciler, RunLedger
+
+# Exit codes a script can tell apart (typer's own usage errors exit 2).
+EXIT_INCOMPLETE = 1  # written, but reconciliation found prompts without a record (see manifest.json)
+EXIT_ABORTED = 3  # stopped: a corrupt shard, a record the format cannot express, Redis unreachable
+
+
+def export_command(
+    run: Annotated[str, typer.Option(help="Run id")],
+    from_dirs: Annotated[list[Path], typer.Option(
+        "--from", exists=True, file_okay=False,
+        help="An output root holding {run}/{dataset}/*.jsonl; repeat for shards copied from several hosts")],
+    out: Annotated[Path, typer.Option(help="Export directory (must be new or empty)")],
+    format_name: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}")],
+    tokenizer: Annotated[Optional[Path], typer.Option(
+        help="tokenized: the model's tokenizer directory (default: the run's, from Redis)")] = None,
+    chat_template_kwargs: Annotated[Optional[str], typer.Option(
+        help='tokenized: JSON for every dataset, e.g. \'{"thinking": false}\' (default: as enqueued)')] = None,
+    drop_truncated: Annotated[bool, typer.Option(
+        "--drop-truncated", help="Leave out completions cut at max_new_tokens")] = False,
+    require_reasoning: Annotated[bool, typer.Option(
+        "--require-reasoning", help="Leave out completions with empty reasoning")] = False,
+    min_content_chars: Annotated[int, typer.Option(help="Leave out completions with less content than this")] = 0,
+    shuffle: Annotated[bool, typer.Option(
+        "--shuffle", help="Shuffle the records (bounded memory: see --shuffle-buffer-mb)")] = False,
+    seed: Annotated[int, typer.Option(help="Shuffle seed: the same seed and shards give the same files")] = 0,
+    max_records_per_file: Annotated[Optional[int], typer.Option(
+        help="Split each output into numbered files of at most this many records")] = None,
+    per_dataset: Annotated[bool, typer.Option(help="Write datasets/{dataset}.jsonl")] = True,
+    merged: Annotated[bool, typer.Option(help="Write all.jsonl with every dataset")] = True,
+    shuffle_buffer_mb: Annotated[int, typer.Option(help="Memory for one shuffle bucket")] = 256,
+    reconcile: Annotated[bool, typer.Option(
+        help="Check the shards against the run in Redis; --no-reconcile for shards without their Redis")] = True,
+    redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+) -> None:
+    """Export a run's shards (deduped, filtered, reconciled) as one training-ready dataset with a
+    manifest. Exit 0: complete and verified; 1: written but incomplete (missing records, see
+    manifest.json and missing.jsonl); 3: stopped on an error naming its file and line."""
+    from genfleet.export.exporter import ExportOptions
+    from genfleet.export.filters import RecordFilters
+
+    _check_options(format_name, max_records_per_file, shuffle_buffer_mb, per_dataset, merged)
+    # Findings go to stderr unwrapped, so a file:line in them stays whole for grep and scripts.
+    err = Console(stderr=True, soft_wrap=True)
+    ledger, reconciler = _open_run(err, run, redis_url) if reconcile else (None, None)
+    built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs))
+    options = ExportOptions(
+        run=run, sources=tuple(from_dirs), out=out, format=format_name,
+        filters=RecordFilters(drop_truncated, require_reasoning, min_content_chars), shuffle=shuffle, seed=seed,
+        max_records_per_file=max_records_per_file, per_dataset=per_dataset, merged=merged,
+        shuffle_buffer_bytes=shuffle_buffer_mb << 20,
+    )
+    started = time.monotonic()
+    report = _export(err, options, built, ledger, reconciler)
+    _show(err, report, started)
+    if not report.complete:
+        raise typer.Exit(EXIT_INCOMPLETE)
+
+
+def _check_options(format_name: str, max_records_per_file: int | None, shuffle_buffer_mb: int,
+                   per_dataset: bool, merged: bool) -> None:
+    if format_name not in FORMATS:
+        raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}, not {format_name!r}")
+    if max_records_per_file is not None and max_records_per_file < 1:
+        raise typer.BadParameter("--max-records-per-file must be at least 1")
+    if shuffle_buffer_mb < 1:
+        raise typer.BadParameter("--shuffle-buffer-mb must be at least 1")
+    if not (per_dataset or merged):
+        raise typer.BadParameter("--no-per-dataset and --no-merged together leave nothing to write")
+
+
+def _open_run(err: Console, run: str, redis_url: str | None) -> tuple[RunLedger, Reconciler]:
+    """The run as Redis holds it, to reconcile the shards against; aborts if Redis cannot say."""
+    import redis
+
+    from common.run_state import RunState
+    from common.settings import Settings
+    from genfleet.export.reconcile import Reconciler, RunLedger
+
+    url = redis_url or Settings().redis_url
+    try:
+        # Fail fast: a worker's client rides out a Redis restart for minutes, a command should not.
+        state = RunState(redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=60), run)
+        datasets = state.datasets()
+    except Exception as error:  # noqa: BLE001 - any Redis failure: say where, and the way out
+        _abort(err, f"cannot read run {run!r} from Redis at {url}: {error}; pass --no-reconcile to export "
+                    "shards without their Redis")
+    if not datasets:
+        _abort(err, f"Redis at {url} has no run {run!r}; pass --no-reconcile to export shards without their Redis")
+    ledger = RunLedger.read(state)
+    return ledger, Reconciler(state, ledger)
+
+
+def _build_format(format_name: str, inputs: FormatInputs) -> BuiltFormat:
+    try:
+        return FORMATS[format_name].build(inputs)
+    except (ValueError, OSError) as error:  # bad JSON, no tokenizer, a directory that is not one
+        raise typer.BadParameter(str(error)) from None
+
+
+def _export(err: Console, options: ExportOptions, built: BuiltFormat, ledger: RunLedger | None,
+            reconciler: Reconciler | None) -> ExportReport:
+    """Runs the export under progress bars; the manifest is written even when it stops on an error."""
+    from common.shards import ShardError
+    from genfleet.export.exporter import Exporter, ExportError
+    from genfleet.export.manifest import build_manifest, write_manifest
+
+    out = options.out
+    with RichProgress(err) as progress:
+        exporter = Exporter(options, built.formatter, ledger=ledger, reconciler=reconciler, progress=progress)
+        try:
+            return exporter.run(lambda r: write_manifest(out, build_manifest(r, ledger, built.tokenizer_dir)))
+        except (ExportError, ShardError, OSError) as error:
+            written = exporter.report.error is not None  # the export had begun: its manifest says how far
+            _abort(err, f"{error}\nwhat was written is listed in {out / 'manifest.json'}, marked incomplete"
+                   if written else str(error))
+
+
+def _show(err: Console, report: ExportReport, started: float) -> None:
+    """The summary and stats tables on stdout, the findings on stderr, all read back from the manifest."""
+    from genfleet.status.render import wide_console
+
+    out = report.options.out
+    console = wide_console()
+    manifest = json.loads((out / "manifest.json").read_text())
+    console.print(summary_table(manifest, time.monotonic() - started))
+    console.print(report.stats.table(
+        f"completion tokens · run {escape(report.options.run)} (unique records, before filters)"))
+    if importlib.util.find_spec("matplotlib") is None:
+        err.print("no stats.png: matplotlib is not installed (pip install 'genfleet[plots]')", markup=False)
+    print_findings(err, manifest, out)
+
+
+def _abort(err: Console, message: str) -> NoReturn:
+    err.print(f"[bold red]export failed[/]: {escape(message)}")
+    raise typer.Exit(EXIT_ABORTED)

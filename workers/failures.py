@@ -1,0 +1,69 @@
+"""Retry or dead-letter: decided here, once, for every failed attempt (as dramatiq decides it in its
+retries middleware).
+
+A retryable error is published again with the next attempt number, after exponential backoff
+with full jitter, marked with the upstream that failed so the next try prefers another. A
+permanent error, or a retryable one past `max_attempts`, becomes a dead letter of its class
+(`permanent`, `exhausted`, `integrity`) and the task fails in Flower with that verdict. If the retry
+cannot even be published (the broker is down), the message goes back to the queue untouched.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from typing import NoReturn
+
+from celery import Task
+from celery.exceptions import Reject, Retry
+
+from common.records import TaskPayload
+from workers import telemetry
+from workers.errors import GenerationError, IntegrityError, UpstreamAborted
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+def handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error: GenerationError) -> NoReturn:
+    """Raises Retry, Reject or the error itself (the task's FAILURE)."""
+    settings = runtime.settings
+    telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
+    count_failure(runtime, payload, error)
+    if error.retryable and payload.attempt < settings.max_attempts:
+        retry(task, payload, error, retry_countdown(payload.attempt, settings.retry_backoff_s,
+                                                    settings.retry_backoff_max_s))
+    error_class = error.exhausted_class if error.retryable else error.error_class
+    runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
+    # Raising marks the task FAILURE in Flower with the error's type, class and message.
+    raise error.as_dead_letter(error_class, payload.attempt)
+
+
+def count_failure(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:
+    """The per-dataset counters `status` shows for failures that say something about the data."""
+    if isinstance(error, UpstreamAborted):
+        runtime.run_state(payload.run).count(payload.dataset, "aborted")
+    if isinstance(error, IntegrityError):
+        log.warning("integrity check failed for %s on %s (attempt %d): %s", payload.id, error.upstream,
+                    payload.attempt, error)
+        runtime.run_state(payload.run).count(payload.dataset, "integrity")
+
+
+def retry(task: Task, payload: TaskPayload, error: GenerationError, countdown: float) -> NoReturn:
+    # Attempts are counted in the payload; Celery's own retry limit would otherwise raise the error
+    # on its 4th retry and fail the task without a dead letter (the task sets max_retries=None).
+    again = TaskPayload.from_dict({**payload.to_dict(), "attempt": payload.attempt + 1,
+                                   "failed_upstream": error.upstream})
+    try:
+        # Our own argsrepr, or Flower would show the whole payload, prompt included.
+        raise task.retry(args=[again.to_dict()], countdown=countdown, exc=error,
+                         argsrepr=again.argsrepr(f"attempt {again.attempt}"))
+    except Retry:
+        raise
+    except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
+        log.exception("could not publish the retry of %s; giving the message back", payload.id)
+        raise Reject("retry not published", requeue=True) from None
+
+
+def retry_countdown(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with full jitter: spreads a burst of failures over time."""
+    return random.uniform(0, min(max_s, base_s * 2 ** (attempt - 1)))
