@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench install redis-server chromium sample-data clean oracle
+.PHONY: demo test test-fast lint bench install redis-server chromium sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,3 +79,7 @@ $(ORACLE_VENV)/.installed: oracle/requirements.txt
 oracle: $(ORACLE_VENV)/.installed
 	$(ORACLE_PY) oracle/compare.py
 	$(ORACLE_PY) -m pytest -q -p no:cacheprovider oracle
+
+# ruff, configured in pyproject.toml; CI runs it before the tests.
+lint: install
+	$(VENV)/bin/ruff check .

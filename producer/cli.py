@@ -15,7 +15,6 @@ from common.run_state import connect
 from common.settings import Settings, verify_tls_by_default
 from common.tokenizer import TokenizerNotFoundError
 from producer.dry_run import DryRunDestination
-from producer.recovery import find_lost_rows, release_rows
 from producer.enqueue import Destination, enqueue_dataset
 from producer.manifest import (
     ConfigChanged,
@@ -27,6 +26,7 @@ from producer.manifest import (
 from producer.progress import EnqueueProgress
 from producer.publisher import TaskPublisher
 from producer.readers import DatasetReadError, open_dataset
+from producer.recovery import find_lost_rows, release_rows
 from producer.report import DatasetReport
 from producer.run_config import (
     CliOptions,

@@ -130,8 +130,8 @@ class _BatchPass:
             rejections.append(RowRejection(item.row, item.file, item.line, str(error)))
             return None
         if self.duplicates.is_duplicate(key):
-            rejections.append(RowRejection(item.row, item.file, item.line,
-                                           f"duplicate id {key.text!r}: an earlier row has it (only that one is enqueued)"))
+            reason = f"duplicate id {key.text!r}: an earlier row has it (only that one is enqueued)"
+            rejections.append(RowRejection(item.row, item.file, item.line, reason))
             return None
         messages = prompt.messages if self.config.regenerate == "all" else last_turn
         return _Candidate(item, f"{self.dataset.name}/{key.text}", messages, prompt.max_tokens)
@@ -140,7 +140,8 @@ class _BatchPass:
               rejections: list[RowRejection]) -> OutgoingTask | None:
         dataset, prompt_tokens = self.dataset, len(ids)
         row_cap = candidate.max_tokens
-        short_need = dataset.max_new_tokens["short"] if row_cap is None else min(row_cap, dataset.max_new_tokens["short"])
+        short_cap = dataset.max_new_tokens["short"]
+        short_need = short_cap if row_cap is None else min(row_cap, short_cap)
         partition = choose_partition(prompt_tokens, pinned=dataset.pinned, max_new_tokens_short=short_need,
                                      long_threshold=self.config.long_threshold)
         max_new_tokens = dataset.max_new_tokens[partition]

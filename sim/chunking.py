@@ -94,4 +94,4 @@ def _chunk_counts(boundaries: Iterable[int], limit: int, interval: int) -> Itera
 
 def chunk_sizes(counts: list[int]) -> list[int]:
     """The tokens each chunk carries, from the counts the chunks report."""
-    return [b - a for a, b in zip([0, *counts], counts)]
+    return [b - a for a, b in zip([0, *counts[:-1]], counts, strict=True)]

@@ -272,7 +272,8 @@ def _token_range(value: str | None) -> tuple[int, int] | None:
     try:
         bounds = (int(low), int(high or low))
     except ValueError:
-        raise typer.BadParameter(f"expected LO:HI (two integers), got {value!r}", param_hint="--length-tokens")
+        raise typer.BadParameter(f"expected LO:HI (two integers), got {value!r}",
+                                 param_hint="--length-tokens") from None
     if not 1 <= bounds[0] <= bounds[1]:
         raise typer.BadParameter(f"need 1 <= LO <= HI, got {value!r}", param_hint="--length-tokens")
     return bounds

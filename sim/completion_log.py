@@ -20,8 +20,9 @@ integrity checks:
 Corruptions are not applied to the line: a dropped chunk's ids and text are in it, and
 `completion_tokens` is the true count even when the response reported one more; `faults` says
 how what the client got differs ("miscount" only where a final count was sent: not for a chat
-stream without include_usage, nor after an error or a non-streaming abort). `incremental` is whether the stream carried deltas (a
-non-streaming response is never incremental); `stream_interval` is the request's effective one.
+stream without include_usage, nor after an error or a non-streaming abort). `incremental` is
+whether the stream carried deltas (a non-streaming response is never incremental);
+`stream_interval` is the request's effective one.
 """
 from __future__ import annotations
 

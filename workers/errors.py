@@ -4,7 +4,6 @@ from __future__ import annotations
 from common.dead_letters import EXHAUSTED, INTEGRITY, PERMANENT, TRANSIENT
 
 
-
 class GenerationError(Exception):
     error_class = TRANSIENT
     # The dead-letter class once a retryable error has used up its attempts.

@@ -17,7 +17,12 @@ import threading
 from typing import Any
 
 from celery.signals import (
-    task_postrun, task_prerun, task_received, worker_ready, worker_shutdown, worker_shutting_down,
+    task_postrun,
+    task_prerun,
+    task_received,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
 )
 
 from common.settings import Settings

@@ -15,10 +15,11 @@ from collections import Counter
 from typing import Any
 
 import redis
+
 from common import beacons, rates
+from common.dead_letters import PERMANENT, TRANSIENT
 from common.queues import GENERATE_TASK
 from common.records import CompletionRecord, TaskPayload
-from common.dead_letters import PERMANENT, TRANSIENT
 from workers.errors import GenerationError, IntegrityError
 from workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
 from workers.runtime import WorkerRuntime

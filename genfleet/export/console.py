@@ -98,7 +98,8 @@ def print_findings(err: Console, manifest: dict[str, Any], out: Path) -> None:
             for row in finding["missing_examples"]:
                 what = row["id"] or f"{row['dataset']} row {row['row']}"
                 err.print(f"  missing: {escape(what)} (row {row['row']}, {row['reason'].replace('_', ' ')})")
-        err.print(f"all {reconciliation['missing_rows']} missing rows: {escape(str(out / reconciliation['missing_file']))}")
+        missing_file = escape(str(out / reconciliation["missing_file"]))
+        err.print(f"all {reconciliation['missing_rows']} missing rows: {missing_file}")
     state = "[green]complete and verified[/]" if manifest["verified"] else (
         "[green]complete[/] (not verified)" if manifest["complete"] else "[bold red]incomplete[/]")
     err.print(f"export {state}: {len(manifest['files'])} files, manifest {escape(str(out / 'manifest.json'))}")

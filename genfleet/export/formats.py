@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from common.dead_letters import PERMANENT
 from common.keys import ManifestFields
 from common.reasoning import ReasoningFormat, get_format
 from genfleet.export.conversation import Record, conversation_of, generated_turns
 from genfleet.export.tokenized import TokenizedFormat
-from common.dead_letters import PERMANENT
 
 if TYPE_CHECKING:
     from genfleet.export.reconcile import RunLedger

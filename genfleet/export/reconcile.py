@@ -112,7 +112,8 @@ class DatasetReconciliation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "problems": self.problems, "notes": self.notes, "records": self.records,
-            "done_bits": self.done_bits, "done_without_record": self.done_without_record, "pending_rows": self.pending_rows,
+            "done_bits": self.done_bits, "done_without_record": self.done_without_record,
+            "pending_rows": self.pending_rows,
             "records_not_done": self.records_not_done, "records_without_row": self.records_without_row,
             "missing_examples": [row.to_dict() for row in self.examples],
         }

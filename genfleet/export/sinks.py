@@ -153,7 +153,7 @@ class BucketShuffle:
                 for frame in self._frames_of(source):
                     parts[self.rng.randrange(len(parts))][1].write(frame)
             path.unlink()
-            for part, handle in parts:
+            for _, handle in parts:
                 handle.close()
             for part, _ in parts:
                 yield from self._drain_bucket(part, splits + 1)
@@ -168,7 +168,8 @@ class BucketShuffle:
         self.rng.shuffle(offsets)
         for offset in offsets:
             length = int.from_bytes(data[offset + 4: offset + 8], "big")
-            yield int.from_bytes(data[offset: offset + 4], "big"), data[offset + self._HEADER: offset + self._HEADER + length]
+            start = offset + self._HEADER
+            yield int.from_bytes(data[offset: offset + 4], "big"), data[start: start + length]
 
     def _bucket_count(self, size: int) -> int:
         # Twice what an even split needs: random buckets come out uneven; oversized ones split again.

@@ -124,8 +124,9 @@ class RunStats:
             tokens = row["completion_tokens"]
             reasoning = row["reasoning_token_pct"]
             table.add_row(
-                escape(name), f"{row['records']:,}", f"{tokens['min']:,}", f"{tokens['median']:,.1f}", f"{tokens['mean']:,.1f}",
-                f"{tokens['std']:,.1f}", f"{tokens['p99']:,.0f}", f"{tokens['max']:,}", f"{row['at_max_tokens_pct']:.1f}",
+                escape(name), f"{row['records']:,}", f"{tokens['min']:,}", f"{tokens['median']:,.1f}",
+                f"{tokens['mean']:,.1f}", f"{tokens['std']:,.1f}", f"{tokens['p99']:,.0f}", f"{tokens['max']:,}",
+                f"{row['at_max_tokens_pct']:.1f}",
                 f"{reasoning:.1f}", f"{100 - reasoning:.1f}" if row["completion_tokens"]["total"] else "0.0",
                 f"{row['empty_reasoning_pct']:.1f}",
             )

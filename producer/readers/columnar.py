@@ -60,8 +60,8 @@ def read_hf_rows(path: Path, first_row: int) -> Iterator[SourceRow]:
     # `iter` honours an indices mapping (a selected/shuffled dataset) where the raw arrow table would not.
     for batch in dataset.iter(batch_size=BATCH_ROWS):
         columns = list(batch)
-        for values in zip(*(batch[column] for column in columns)):
-            yield SourceRow(row, name, row - first_row + 1, dict(zip(columns, values)))
+        for values in zip(*(batch[column] for column in columns), strict=True):
+            yield SourceRow(row, name, row - first_row + 1, dict(zip(columns, values, strict=True)))
             row += 1
 
 

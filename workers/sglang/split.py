@@ -14,7 +14,8 @@ from the text, so there the text need only be a prefix of the decoding.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from common.reasoning import ReasoningSplit, split_reasoning
 from workers.errors import IntegrityError
@@ -73,5 +74,5 @@ class CompletionSplitter:
 
 
 def _first_difference(decoded: str, text: str) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(decoded, text)) if a != b), min(len(decoded), len(text)))
+    at = next((i for i, (a, b) in enumerate(zip(decoded, text, strict=False)) if a != b), min(len(decoded), len(text)))
     return f"they differ at character {at}: decoded {decoded[at:at + 20]!r}, streamed {text[at:at + 20]!r}"
