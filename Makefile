@@ -36,8 +36,14 @@ chromium:
 	    echo "chromium is missing (run 'sudo apt-get install chromium chromium-driver'): the Flower browser test will skip" >&2; \
 	  fi; }
 
-test: install redis-server chromium
-	$(PY) -m pytest
+# The fast tier: tests/unit/ starts nothing but a redis-server (where Redis itself is the subject);
+# well under a minute.
+test-fast: install redis-server
+	$(PY) -m pytest tests/unit
+
+# Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files).
+test: install redis-server chromium test-fast
+	$(PY) -m pytest tests/e2e
 
 # A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.

@@ -80,7 +80,8 @@ async def main_async(args: argparse.Namespace) -> None:
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, read=None)) as client:
         results = await asyncio.gather(*(
-            generate(client, semaphore, args.url, row, ids, args.max_new_tokens) for row, ids in zip(rows, prompts)
+            generate(client, semaphore, args.url, row, ids, args.max_new_tokens)
+            for row, ids in zip(rows, prompts, strict=True)
         ))
     with open(args.out, "w") as handle:
         for result in results:

@@ -5,7 +5,7 @@ Celery messages and publish them into a throwaway redis-server this script start
     .venv/bin/python bench/enqueue_rate.py [--prompts 100000] [--batch-size N] [--json]
 
 Prints prompts/s twice: for the whole command (process start, imports and tokenizer load included)
-and for the enqueue itself (what the command's own summary reports). DESIGN.md asks >= 5,000/s.
+and for the enqueue itself (what the command's own summary reports). The target is >= 5,000/s.
 """
 from __future__ import annotations
 

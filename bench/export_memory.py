@@ -94,12 +94,7 @@ def measure(args: list[str], log: Path) -> tuple[float, int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--workdir", type=Path, help="default: a temporary directory, removed afterwards")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args()
-
+    args = _parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="genfleet-export-bench-"))
     redis_process = None
     try:
@@ -113,49 +108,77 @@ def main() -> None:
                   f"({sum(f.stat().st_size for f in shards.rglob('*.jsonl')) / 1e6:,.0f} MB) under {shards}")
 
         common = ["--from", str(shards), "--format", "specforge"]
-        variants: list[tuple[str, int, list[str]]] = [
-            ("imports only (export --help)", 0, ["export", "--help"]),
-            (f"{small:,} records", small, ["export", "--run", "small", "--no-reconcile", *common]),
-            (f"{args.records:,} records", args.records, ["export", "--run", "big", "--no-reconcile", *common]),
-            (f"{args.records:,} records, --shuffle", args.records,
-             ["export", "--run", "big", "--no-reconcile", "--shuffle", "--seed", "1", *common]),
-        ]
+        variants = _variants(args.records, small, common)
         if shutil.which("redis-server"):
-            port = free_port()
-            redis_process = subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(workdir)], stdout=subprocess.DEVNULL)
-            time.sleep(0.5)
-            url = f"redis://127.0.0.1:{port}/0"
+            redis_process, url = _start_redis(workdir)
             seed_redis(url, "big", rows_big)
             variants.append((f"{args.records:,} records, reconciled", args.records,
                              ["export", "--run", "big", "--redis-url", url, *common]))
 
-        results = []
-        for index, (name, records, command) in enumerate(variants):
-            out = workdir / f"out-{index}"
-            if "--run" in command:
-                command = [*command, "--out", str(out)]
-            seconds, peak, code = measure(command, workdir / f"log-{index}.txt")
-            if code != 0:
-                sys.exit(f"{name}: exit {code}\n{(workdir / f'log-{index}.txt').read_text()[-3000:]}")
-            results.append({"variant": name, "records": records, "seconds": round(seconds, 1),
-                            "records_per_s": round(records / seconds) if records else None,
-                            "peak_rss_mb": round(peak / 2**20, 1)})
-            shutil.rmtree(out, ignore_errors=True)
+        results = _measure_variants(variants, workdir)
         if args.json:
             print(json.dumps(results))
             return
-        print("\n| variant | records | seconds | records/s | peak RSS |\n|---|---:|---:|---:|---:|")
-        for row in results:
-            rate = f"{row['records_per_s']:,}" if row["records_per_s"] else "-"
-            print(f"| {row['variant']} | {row['records']:,} | {row['seconds']} | {rate} | {row['peak_rss_mb']} MB |")
+        _print_table(results)
     finally:
         if redis_process is not None:
             redis_process.terminate()
             redis_process.wait(timeout=10)
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--workdir", type=Path, help="default: a temporary directory, removed afterwards")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser.parse_args()
+
+
+def _variants(records: int, small: int, common: list[str]) -> list[tuple[str, int, list[str]]]:
+    """(name, records exported, `genfleet` arguments) of each variant that needs no Redis."""
+    return [
+        ("imports only (export --help)", 0, ["export", "--help"]),
+        (f"{small:,} records", small, ["export", "--run", "small", "--no-reconcile", *common]),
+        (f"{records:,} records", records, ["export", "--run", "big", "--no-reconcile", *common]),
+        (f"{records:,} records, --shuffle", records,
+         ["export", "--run", "big", "--no-reconcile", "--shuffle", "--seed", "1", *common]),
+    ]
+
+
+def _start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """A throwaway redis-server for the reconciled variant; returns it and its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    return process, f"redis://127.0.0.1:{port}/0"
+
+
+def _measure_variants(variants: list[tuple[str, int, list[str]]], workdir: Path) -> list[dict]:
+    """Runs each variant as a child; exits with its log's tail if one fails."""
+    results = []
+    for index, (name, records, command) in enumerate(variants):
+        out = workdir / f"out-{index}"
+        if "--run" in command:
+            command = [*command, "--out", str(out)]
+        seconds, peak, code = measure(command, workdir / f"log-{index}.txt")
+        if code != 0:
+            sys.exit(f"{name}: exit {code}\n{(workdir / f'log-{index}.txt').read_text()[-3000:]}")
+        results.append({"variant": name, "records": records, "seconds": round(seconds, 1),
+                        "records_per_s": round(records / seconds) if records else None,
+                        "peak_rss_mb": round(peak / 2**20, 1)})
+        shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def _print_table(results: list[dict]) -> None:
+    print("\n| variant | records | seconds | records/s | peak RSS |\n|---|---:|---:|---:|---:|")
+    for row in results:
+        rate = f"{row['records_per_s']:,}" if row["records_per_s"] else "-"
+        print(f"| {row['variant']} | {row['records']:,} | {row['seconds']} | {rate} | {row['peak_rss_mb']} MB |")
 
 
 if __name__ == "__main__":

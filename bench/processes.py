@@ -10,10 +10,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 import httpx
 
@@ -177,7 +177,9 @@ class Processes:
     def wait_ready(self, workers: list[Child], timeout: float = 90.0) -> None:
         """Every worker has logged Celery's 'ready.' line."""
         for worker in workers:
-            wait_for(lambda: "ready." in worker.log.read_text(errors="replace"), worker.name, worker, timeout)
+            # `worker=worker` binds this iteration's worker (wait_for returns before the loop moves on).
+            wait_for(lambda worker=worker: "ready." in worker.log.read_text(errors="replace"), worker.name, worker,
+                     timeout)
 
 
 def wait_for(check: Callable[[], object], what: str, child: Child | None = None, timeout: float = 60.0) -> None:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import report, scaling, standalone, throughput  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
+from bench.results import Results, machine_info  # noqa: E402
 
 MEASUREMENTS = ("throughput", "scaling", "enqueue", "export")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
@@ -33,6 +34,37 @@ def log(message: str) -> None:
 
 
 def main() -> None:
+    args, only = _parse_args()
+    interrupt_on_signals()
+
+    results = Results(quick=args.quick, repeats=args.repeats, only=only, machine=machine_info())
+    started = time.monotonic()
+    results.throughput_profile = throughput.QUICK if args.quick else throughput.FULL
+    results.scaling_profile = scaling.QUICK if args.quick else scaling.FULL
+    try:
+        for repeat in range(1, args.repeats + 1):
+            if "throughput" in only:
+                _measure_throughput(results, repeat)
+            if "scaling" in only:
+                _measure_scaling(results, repeat)
+            if "enqueue" in only:
+                _measure_enqueue_rate(results, repeat)
+        if "export" in only:
+            _measure_export(results)
+    except KeyboardInterrupt:
+        log("interrupted: every process this bench started is stopped; no report written")
+        sys.exit(130)
+    results.machine.finish()
+    results.elapsed_s = time.monotonic() - started
+    args.out.write_text(report.render(results))
+    log(f"wrote {args.out} in {results.elapsed_s / 60:.1f} min")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results.raw(), indent=1, default=str))
+
+
+def _parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The arguments, and the measurements `--only` asked for."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the table shows medians")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness, measures nothing")
@@ -50,57 +82,49 @@ def main() -> None:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    interrupt_on_signals()
+    return args, only
 
-    results = report.Results(quick=args.quick, repeats=args.repeats, only=only, machine=report.machine_info())
-    started = time.monotonic()
-    tp_profile = throughput.QUICK if args.quick else throughput.FULL
-    sc_profile = scaling.QUICK if args.quick else scaling.FULL
-    results.throughput_profile, results.scaling_profile = tp_profile, sc_profile
+
+def _measure_throughput(results: Results, repeat: int) -> None:
+    profile = results.throughput_profile
+    log(f"throughput {repeat}/{results.repeats}: {profile.describe()}")
+    with tempfile.TemporaryDirectory(prefix="genfleet-bench-prompts-") as tmp:
+        comparison = throughput.compare(profile, Path(tmp), baseline_first=repeat % 2 == 0)
+    results.throughput.append(comparison)
+    log(f"  genfleet {comparison.genfleet.tokens_per_s:,.0f} tok/s in {comparison.genfleet.wall_s:.1f} s, "
+        f"baseline {comparison.baseline.tokens_per_s:,.0f} tok/s in {comparison.baseline.wall_s:.1f} s")
+
+
+def _measure_scaling(results: Results, repeat: int) -> None:
+    profile = results.scaling_profile
+    log(f"scaling {repeat}/{results.repeats}: {profile.describe()}")
+    outcome = scaling.measure(profile)
+    results.scaling.append(outcome)
+    log("  " + ", ".join(f"{r.hosts} hosts {r.tokens_per_s:,.0f} tok/s" for r in outcome.results))
+
+
+def _measure_enqueue_rate(results: Results, repeat: int) -> None:
+    prompts = ENQUEUE_PROMPTS[results.quick]
+    log(f"enqueue rate {repeat}/{results.repeats}: {prompts:,} prompts")
     try:
-        for repeat in range(1, args.repeats + 1):
-            if "throughput" in only:
-                log(f"throughput {repeat}/{args.repeats}: {tp_profile.describe()}")
-                with tempfile.TemporaryDirectory(prefix="genfleet-bench-prompts-") as tmp:
-                    comparison = throughput.compare(tp_profile, Path(tmp), baseline_first=repeat % 2 == 0)
-                results.throughput.append(comparison)
-                log(f"  genfleet {comparison.genfleet.tokens_per_s:,.0f} tok/s in {comparison.genfleet.wall_s:.1f} s, "
-                    f"baseline {comparison.baseline.tokens_per_s:,.0f} tok/s in {comparison.baseline.wall_s:.1f} s")
-            if "scaling" in only:
-                log(f"scaling {repeat}/{args.repeats}: {sc_profile.describe()}")
-                outcome = scaling.measure(sc_profile)
-                results.scaling.append(outcome)
-                log("  " + ", ".join(f"{r.hosts} hosts {r.tokens_per_s:,.0f} tok/s" for r in outcome.results))
-            if "enqueue" in only:
-                prompts = ENQUEUE_PROMPTS[args.quick]
-                log(f"enqueue rate {repeat}/{args.repeats}: {prompts:,} prompts")
-                try:
-                    rate = standalone.enqueue_rate(prompts)
-                    results.enqueue.append(rate)
-                    log(f"  {rate['end_to_end_per_s']:,} prompts/s end to end")
-                except standalone.NotMeasured as error:
-                    results.enqueue_error = str(error)
-                    log(f"  not measured: {error}")
-        if "export" in only:
-            records = EXPORT_RECORDS[args.quick]
-            log(f"export: {records:,} records (once)")
-            try:
-                results.export = standalone.export_memory(records)
-                log(f"  {results.export['main']['records_per_s']:,} records/s, "
-                    f"peak {results.export['main']['peak_rss_mb']} MB")
-            except standalone.NotMeasured as error:
-                results.export_error = str(error)
-                log(f"  not measured: {error}")
-    except KeyboardInterrupt:
-        log("interrupted: every process this bench started is stopped; no report written")
-        sys.exit(130)
-    results.machine.finish()
-    results.elapsed_s = time.monotonic() - started
-    args.out.write_text(report.render(results))
-    log(f"wrote {args.out} in {results.elapsed_s / 60:.1f} min")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results.raw(), indent=1, default=str))
+        rate = standalone.enqueue_rate(prompts)
+        results.enqueue.append(rate)
+        log(f"  {rate['end_to_end_per_s']:,} prompts/s end to end")
+    except standalone.NotMeasured as error:
+        results.enqueue_error = str(error)
+        log(f"  not measured: {error}")
+
+
+def _measure_export(results: Results) -> None:
+    records = EXPORT_RECORDS[results.quick]
+    log(f"export: {records:,} records (once)")
+    try:
+        results.export = standalone.export_memory(records)
+        log(f"  {results.export['main']['records_per_s']:,} records/s, "
+            f"peak {results.export['main']['peak_rss_mb']} MB")
+    except standalone.NotMeasured as error:
+        results.export_error = str(error)
+        log(f"  not measured: {error}")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import redis
 
-from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet
 from bench.proc_stats import MachineCpu, cpu_seconds, has_exited, peak_rss_bytes, wait_with_usage
+from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
 from bench.steady_state import SteadyStateWindow, Window
 

@@ -36,6 +36,8 @@ class WorkerBeacon:
     upstreams: list[UpstreamHealth] = field(default_factory=list)
     # run -> "partition:dataset" -> tasks executing now
     in_flight: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Why this worker cannot write its shards now (disk full, write errors), or None.
+    disk_problem: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

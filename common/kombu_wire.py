@@ -14,7 +14,7 @@ Relied on, as installed (celery 5.7.0, kombu 5.7.0):
   `redelivered` in its headers and delivery_info and RPUSHed back onto its queue.
 
 Decoding accepts msgpack bodies only: any other content type (pickle above all) is never deserialised,
-as the workers' `accept_content` refuses it too (tests/test_deploy.py).
+as the workers' `accept_content` refuses it too (tests/e2e/test_deploy_rehearsal.py).
 """
 from __future__ import annotations
 

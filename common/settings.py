@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     shard_max_age_s: float = 900.0
     # Group commit: records written within this window share one fsync.
     commit_interval_s: float = 0.05
+    # A worker takes no prompt while its output file system has less free space than this (a
+    # record written to a full disk is GPU time thrown away); after `disk_wait_s` a waiting task
+    # gives its message back to the queue.
+    min_free_disk_mb: int = 1024
+    disk_wait_s: float = 30.0
 
     long_threshold_tokens: int = 16384
     max_new_tokens_short: int = 10240

@@ -23,6 +23,7 @@ from rich.live import Live
 
 from genfleet.status.read_model import read_status
 from genfleet.status.render import render, wide_console
+from genfleet.status.snapshot import RunStatus
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "sim" / "model"
@@ -83,13 +84,7 @@ def genfleet(*args: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Run the genfleet pipeline on sample data.")
-    parser.add_argument("--workdir", type=Path, default=REPO / ".demo", help="data, shards and logs")
-    parser.add_argument("--flower-port", type=int, default=5555)
-    parser.add_argument("--scale", type=float, default=1.0, help="sample data size multiplier")
-    parser.add_argument("--hold", action="store_true", help="keep everything running until Ctrl-C")
-    args = parser.parse_args()
-
+    args = _parse_args()
     if shutil.which("redis-server") is None:
         sys.exit("redis-server is missing: `sudo apt-get install redis-server` (make demo does it as root)")
     workdir = args.workdir.resolve()
@@ -100,31 +95,14 @@ def main() -> None:
     run = time.strftime("demo-%Y%m%d-%H%M%S")
     env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
            "PYTHONUNBUFFERED": "1"}
-
-    sys.path.insert(0, str(REPO / "examples"))
-    from make_sample_data import dataset_args, write_datasets
-    datasets = dataset_args(write_datasets(workdir / "data", scale=args.scale))
+    datasets = _sample_datasets(workdir / "data", args.scale)
 
     processes = Processes(logs, env)
     with ExitStack() as stack:
         stack.callback(processes.stop_all)
-        redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
-        stack.callback(shutil.rmtree, redis_dir, True)
-        # The broker settings docs/ARCHITECTURE.md asks for: AOF every second, never evict a queued task.
-        processes.start("redis", "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-                        "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
-                        "--maxmemory-policy", "noeviction", "--save", "")
-        client = redis.Redis.from_url(redis_url)
-        wait_for(client.ping, "redis-server")
+        client = _start_redis(processes, stack, redis_port, redis_url)
         sim_url = f"http://127.0.0.1:{sim_port}"
-        processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1", "--rate", "100"))
-        metrics_ports = {"short": free_port(), "long": free_port()}
-        for pool, port in metrics_ports.items():
-            processes.start(f"worker-{pool}", *genfleet("worker", "--pool", pool, "--upstream", sim_url,
-                                                        "--metrics-port", str(port)))
-        processes.start("flower", *genfleet("flower", "--port", str(args.flower_port)))
-        wait_for(lambda: "ready." in (logs / "worker-short.log").read_text()
-                 and "ready." in (logs / "worker-long.log").read_text(), "the workers")
+        metrics_ports = _start_fleet(processes, sim_port, sim_url, args.flower_port)
         console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · "
                       f"Flower http://127.0.0.1:{args.flower_port} · logs {logs}")
         console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
@@ -132,27 +110,81 @@ def main() -> None:
 
         subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *datasets),
                        env=env, check=True)
-        started = time.monotonic()
-        with Live(render(read_status(client, run)), console=console, refresh_per_second=2) as live:
-            while True:
-                processes.check_alive()
-                status = read_status(client, run)
-                live.update(render(status))
-                if status.finished:
-                    break
-                time.sleep(0.5)
-        elapsed = time.monotonic() - started
-        console.print()
-        totals = status.progress.totals()
-        console.print(f"[green]done[/]: {totals.done} prompts, {totals.failed} failed, "
-                      f"{totals.completion_tokens:,} completion tokens in {elapsed:.1f} s "
-                      f"({totals.completion_tokens / elapsed:,.0f} tok/s)")
-        console.print(f"shards: {workdir / 'output' / run}")
+        status, elapsed = _show_progress_until_finished(client, run, processes)
+        _print_summary(status, elapsed, workdir / "output" / run)
         if args.hold:
             console.print(f"Flower: http://127.0.0.1:{args.flower_port} · Ctrl-C to stop")
             while True:
                 processes.check_alive()
                 time.sleep(1)
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run the genfleet pipeline on sample data.")
+    parser.add_argument("--workdir", type=Path, default=REPO / ".demo", help="data, shards and logs")
+    parser.add_argument("--flower-port", type=int, default=5555)
+    parser.add_argument("--scale", type=float, default=1.0, help="sample data size multiplier")
+    parser.add_argument("--hold", action="store_true", help="keep everything running until Ctrl-C")
+    return parser.parse_args()
+
+
+def _sample_datasets(directory: Path, scale: float) -> list[str]:
+    """Writes the bundled sample data and returns its `genfleet enqueue` dataset arguments."""
+    # examples/ is not a package: its sample-data script is imported from its own folder.
+    sys.path.insert(0, str(REPO / "examples"))
+    from make_sample_data import dataset_args, write_datasets
+    return dataset_args(write_datasets(directory, scale=scale))
+
+
+def _start_redis(processes: Processes, stack: ExitStack, port: int, url: str) -> redis.Redis:
+    redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
+    stack.callback(shutil.rmtree, redis_dir, True)
+    # The broker settings docs/ARCHITECTURE.md asks for: AOF every second, never evict a queued task.
+    processes.start("redis", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
+                    "--maxmemory-policy", "noeviction", "--save", "")
+    client = redis.Redis.from_url(url)
+    wait_for(client.ping, "redis-server")
+    return client
+
+
+def _start_fleet(processes: Processes, sim_port: int, sim_url: str, flower_port: int) -> dict[str, int]:
+    """The simulator, a short and a long worker and Flower, up once both workers say `ready.`;
+    returns each pool's Prometheus port."""
+    processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1", "--rate", "100"))
+    metrics_ports = {"short": free_port(), "long": free_port()}
+    for pool, port in metrics_ports.items():
+        processes.start(f"worker-{pool}", *genfleet("worker", "--pool", pool, "--upstream", sim_url,
+                                                    "--metrics-port", str(port)))
+    processes.start("flower", *genfleet("flower", "--port", str(flower_port)))
+    logs = processes.logs
+    wait_for(lambda: "ready." in (logs / "worker-short.log").read_text()
+             and "ready." in (logs / "worker-long.log").read_text(), "the workers")
+    return metrics_ports
+
+
+def _show_progress_until_finished(client: redis.Redis, run: str, processes: Processes) -> tuple[RunStatus, float]:
+    """The live status table until every prompt is done or failed; returns the last status and
+    the seconds it took."""
+    started = time.monotonic()
+    with Live(render(read_status(client, run)), console=console, refresh_per_second=2) as live:
+        while True:
+            processes.check_alive()
+            status = read_status(client, run)
+            live.update(render(status))
+            if status.finished:
+                break
+            time.sleep(0.5)
+    return status, time.monotonic() - started
+
+
+def _print_summary(status: RunStatus, elapsed: float, shards: Path) -> None:
+    console.print()
+    totals = status.progress.totals()
+    console.print(f"[green]done[/]: {totals.done} prompts, {totals.failed} failed, "
+                  f"{totals.completion_tokens:,} completion tokens in {elapsed:.1f} s "
+                  f"({totals.completion_tokens / elapsed:,.0f} tok/s)")
+    console.print(f"shards: {shards}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -106,7 +107,8 @@ def shaped_think(parser: str, rng: random.Random) -> str:
     else:
         parts.append(_partial(fmt["end"], rng))  # truncated in the middle of the end marker
     if rng.random() < 0.1:  # a stray partial marker at the very end
-        parts.append(_partial(rng.choice([fmt["end"], fmt["start"], *tools] if tools else [fmt["end"], fmt["start"]]), rng))
+        markers = [fmt["end"], fmt["start"], *tools] if tools else [fmt["end"], fmt["start"]]
+        parts.append(_partial(rng.choice(markers), rng))
     return "".join(parts)
 
 
@@ -185,7 +187,7 @@ def chunk(text: str, rng: random.Random) -> tuple[list[str], str]:
     if how < 0.7:
         cuts = sorted({rng.randint(1, max(1, len(text) - 1)) for _ in range(rng.randint(0, 6))})
         bounds = [0, *[c for c in cuts if 0 < c < len(text)], len(text)]
-        return [text[a:b] for a, b in zip(bounds, bounds[1:])], "random-cuts"
+        return [text[a:b] for a, b in pairwise(bounds)], "random-cuts"
     if how < 0.85:
         return list(text), "chars"
     return [text], "one-chunk"

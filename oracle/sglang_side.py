@@ -18,8 +18,9 @@ Everything here mirrors `sglang/srt/entrypoints/openai/serving_chat.py` (0.5.23)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.parser.reasoning_parser import ReasoningParser

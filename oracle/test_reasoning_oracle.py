@@ -9,10 +9,11 @@ them fails here.
 from __future__ import annotations
 
 import pytest
-
-import compare as c
 import sglang_side as sg
+import sides
 from cases import KWARGS_CHOICES, THINK_FORMATS
+from difference_classes import explain
+from outcomes import run_cases
 
 from common.reasoning import PARSER_NAMES, REASONING_FORMATS, starts_in_reasoning
 
@@ -82,7 +83,8 @@ EXAMPLES = [
      ("", "xy<|message|>z"), ("", "xyz")),
     ("harmony-commentary-filter", "non-stream", "gpt-oss", None,
      ["<|channel|>analysis<|message|>plan<|end|>", "<|start|>assistant<|channel|>commentary<|message|>", "\n\n",
-      "<|end|>", "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>", "{}", "<|call|>"],
+      "<|end|>", "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>", "{}",
+      "<|call|>"],
      ("plan", "\n\n<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"),
      ("plan", "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>")),
     ("harmony-stream-analysis-tool-call", "stream", "gpt-oss", None,
@@ -99,16 +101,17 @@ EXAMPLES = [
 @pytest.mark.parametrize("name, mode, parser, kwargs, chunks, ours, theirs", EXAMPLES,
                          ids=[f"{e[0]}-{e[1]}-{e[2]}" for e in EXAMPLES])
 def test_documented_difference(name, mode, parser, kwargs, chunks, ours, theirs):
-    assert c.ours_whole(parser, "".join(chunks), kwargs) == ours
-    assert c.ours_stream(parser, chunks, kwargs) == ours
-    assert c.theirs(mode, parser, chunks, kwargs) == theirs
-    assert name in c.explain(mode, parser, chunks, kwargs)
-    assert "UNEXPLAINED" not in c.explain(mode, parser, chunks, kwargs)
+    assert sides.ours_whole(parser, "".join(chunks), kwargs) == ours
+    assert sides.ours_stream(parser, chunks, kwargs) == ours
+    assert sides.theirs(mode, parser, chunks, kwargs) == theirs
+    assert name in explain(mode, parser, chunks, kwargs)
+    assert "UNEXPLAINED" not in explain(mode, parser, chunks, kwargs)
 
 
 # Cases where genfleet was changed to do what SGLang's server does (see the doc): both agree.
 AGREED = [
-    ("qwen3-thinking", None, ["plan\n", "<tool_call>", "\n{}\n", "</tool_call>"], ("plan\n", "<tool_call>\n{}\n</tool_call>")),
+    ("qwen3-thinking", None, ["plan\n", "<tool_call>", "\n{}\n", "</tool_call>"],
+     ("plan\n", "<tool_call>\n{}\n</tool_call>")),
     ("gpt-oss", None, ["<|channel|>analysis<|message|>plan<|end|>",
                        "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>",
                        "<|start|>assistant<|channel|>final<|message|>Sunny."], ("plan", "Checking.Sunny.")),
@@ -124,13 +127,13 @@ AGREED = [
 
 @pytest.mark.parametrize("parser, kwargs, chunks, expected", AGREED, ids=[f"{a[0]}-{i}" for i, a in enumerate(AGREED)])
 def test_aligned_with_sglang(parser, kwargs, chunks, expected):
-    assert c.ours_whole(parser, "".join(chunks), kwargs) == expected
+    assert sides.ours_whole(parser, "".join(chunks), kwargs) == expected
     # The server's answer for these: non-streaming for complete messages, the stream otherwise.
-    agree = [m for m in c.MODES if c.theirs(m, parser, chunks, kwargs) == expected]
-    assert agree, {m: c.theirs(m, parser, chunks, kwargs) for m in c.MODES}
+    agree = [m for m in sides.MODES if sides.theirs(m, parser, chunks, kwargs) == expected]
+    assert agree, {m: sides.theirs(m, parser, chunks, kwargs) for m in sides.MODES}
 
 
 def test_a_fresh_seed_has_no_unexplained_difference():
-    outcomes = c.run(150, seed=7)
+    outcomes = run_cases(150, seed=7)
     bad = [(o.parser, o.mode, o.case.text, o.case.chunks) for o in outcomes if "UNEXPLAINED" in o.classes]
     assert not bad, bad[:5]

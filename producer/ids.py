@@ -1,5 +1,6 @@
-"""Prompt ids (DESIGN.md): `{dataset}/{key}`, the key being the row's own `id` (or OpenAI Batch
-`custom_id`), else its 0-based row index. The same input always yields the same ids."""
+"""Prompt ids (each record's `id`: docs/ARCHITECTURE.md, "The record contract"): `{dataset}/{key}`,
+the key being the row's own `id` (or OpenAI Batch `custom_id`), else its 0-based row index. The
+same input always yields the same ids."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple

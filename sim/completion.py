@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
+from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, ReasoningFormat
 from sim.reasoning_formats import reasoning_format as get_reasoning_format
 from sim.vocab import THINK_END, THINK_START, SimVocab
 
@@ -135,64 +135,117 @@ def plan_completion(
     rng_seed = completion_seed(prompt, seed)
     rng = random.Random(rng_seed)
     opening = prompt_opening(prompt, vocab)
-    thinking = fmt.reasons and opening is not Opening.THINKING_OFF
-    open_ids = vocab.marker_ids(fmt.reasoning_open) if thinking and not (
-        fmt.prompt_may_open and opening is Opening.INSIDE_REASONING) else ()
-    close_ids = vocab.marker_ids(fmt.reasoning_close) if thinking else ()
-    content_open_ids = vocab.marker_ids(fmt.content_open) if fmt.content_open else ()
-    (stop_id,) = vocab.marker_ids(fmt.stop)
-
-    if lengths.tokens is None:
-        words = lengths.draw_words(rng)
-        n_reasoning, n_content = lengths.split(words) if thinking else (0, words)
-        # The stop token comes once every word is out, if the budget has room left for it.
-        room = max(0, max_new_tokens)
-    else:
-        # Exactly `total` tokens: the markers, the words between them, the stop token. Shorter
-        # than its markers, the completion is their first `total - 1` tokens and the stop token
-        # (just the stop token for a length of 1).
-        total = lengths.draw_tokens(rng)
-        words = total - 1 - len(open_ids) - len(close_ids) - len(content_open_ids)
-        n_reasoning, n_content = lengths.split_exact(words) if thinking else (0, max(words, 0))
-        room = min(max(0, max_new_tokens), total - 1)
+    markers = _Markers.for_completion(fmt, opening, vocab)
+    # The length comes from `rng` first, then the words: reordering the draws would change every completion.
+    budget = _WordBudget.draw(lengths, rng, markers, max_new_tokens)
     # Words are drawn only as far as the budget reaches; `choices` spends one random() per word,
     # so a smaller max_new_tokens yields a prefix of the same completion.
-    out = _BoundedOutput(room)
-
-    reasoning_start = reasoning_end = 0
-    if thinking:
-        out.extend(open_ids)
-        reasoning_start = len(out.ids)
-        out.draw_words(rng, vocab, n_reasoning)
-        reasoning_end = len(out.ids)
-        out.extend(close_ids)
-    out.extend(content_open_ids)
-    content_start = len(out.ids)
-    out.draw_words(rng, vocab, n_content)
-
+    out = _BoundedOutput(budget.room)
+    layout = _write_output(out, rng, vocab, markers, budget)
     ids = out.ids
-    if max_new_tokens > len(ids):
-        # The stop token was generated: SGLang sends and counts it (the text trims it).
-        ids.append(stop_id)
-        finish: dict[str, Any] = {"type": "stop", "matched": stop_id}
-    else:
-        finish = {"type": "length", "length": max_new_tokens}
+    finish = _finish(ids, max_new_tokens, markers.stop_id)
     text_end = len(ids) - 1 if finish["type"] == "stop" else len(ids)
     return CompletionPlan(
         output_ids=ids,
         finish_reason=finish,
         completion_tokens=len(ids),
-        reasoning_tokens=reasoning_end - reasoning_start,
-        reasoning_text=vocab.decode(ids[reasoning_start:reasoning_end], skip_special_tokens=False),
-        content_text=vocab.decode(ids[content_start:text_end], skip_special_tokens=False),
-        reasoning_start=reasoning_start,
+        reasoning_tokens=layout.reasoning_end - layout.reasoning_start,
+        reasoning_text=vocab.decode(ids[layout.reasoning_start:layout.reasoning_end], skip_special_tokens=False),
+        content_text=vocab.decode(ids[layout.content_start:text_end], skip_special_tokens=False),
+        reasoning_start=layout.reasoning_start,
         opening=opening,
-        reasoning_end=reasoning_end,
-        content_start=content_start,
+        reasoning_end=layout.reasoning_end,
+        content_start=layout.content_start,
         reasoning_format=fmt.name,
         vocab=vocab,
         rng_seed=rng_seed,
     )
+
+
+@dataclass(frozen=True)
+class _Markers:
+    """The marker ids one completion writes: none of the reasoning ones with thinking off, and no
+    open marker when the prompt already opened the reasoning."""
+
+    thinking: bool
+    open_ids: Sequence[int]
+    close_ids: Sequence[int]
+    content_open_ids: Sequence[int]
+    stop_id: int
+
+    @classmethod
+    def for_completion(cls, fmt: ReasoningFormat, opening: Opening, vocab: SimVocab) -> _Markers:
+        thinking = fmt.reasons and opening is not Opening.THINKING_OFF
+        open_ids = vocab.marker_ids(fmt.reasoning_open) if thinking and not (
+            fmt.prompt_may_open and opening is Opening.INSIDE_REASONING) else ()
+        close_ids = vocab.marker_ids(fmt.reasoning_close) if thinking else ()
+        content_open_ids = vocab.marker_ids(fmt.content_open) if fmt.content_open else ()
+        (stop_id,) = vocab.marker_ids(fmt.stop)
+        return cls(thinking, open_ids, close_ids, content_open_ids, stop_id)
+
+    @property
+    def count(self) -> int:
+        """Marker ids before the stop token."""
+        return len(self.open_ids) + len(self.close_ids) + len(self.content_open_ids)
+
+
+@dataclass(frozen=True)
+class _WordBudget:
+    """How many reasoning and content words to draw, and how many ids fit before the stop token."""
+
+    reasoning_words: int
+    content_words: int
+    room: int
+
+    @classmethod
+    def draw(cls, lengths: LengthModel, rng: random.Random, markers: _Markers, max_new_tokens: int) -> _WordBudget:
+        if lengths.tokens is None:
+            words = lengths.draw_words(rng)
+            n_reasoning, n_content = lengths.split(words) if markers.thinking else (0, words)
+            # The stop token comes once every word is out, if the budget has room left for it.
+            return cls(n_reasoning, n_content, room=max(0, max_new_tokens))
+        # Exactly `total` tokens: the markers, the words between them, the stop token. Shorter
+        # than its markers, the completion is their first `total - 1` tokens and the stop token
+        # (just the stop token for a length of 1).
+        total = lengths.draw_tokens(rng)
+        words = total - 1 - markers.count
+        n_reasoning, n_content = lengths.split_exact(words) if markers.thinking else (0, max(words, 0))
+        return cls(n_reasoning, n_content, room=min(max(0, max_new_tokens), total - 1))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the reasoning words and the content words start and end in the output ids."""
+
+    reasoning_start: int
+    reasoning_end: int
+    content_start: int
+
+
+def _write_output(
+    out: _BoundedOutput, rng: random.Random, vocab: SimVocab, markers: _Markers, budget: _WordBudget
+) -> _Layout:
+    """Markers and words in the order the model writes them, cut where the budget runs out."""
+    reasoning_start = reasoning_end = 0
+    if markers.thinking:
+        out.extend(markers.open_ids)
+        reasoning_start = len(out.ids)
+        out.draw_words(rng, vocab, budget.reasoning_words)
+        reasoning_end = len(out.ids)
+        out.extend(markers.close_ids)
+    out.extend(markers.content_open_ids)
+    content_start = len(out.ids)
+    out.draw_words(rng, vocab, budget.content_words)
+    return _Layout(reasoning_start, reasoning_end, content_start)
+
+
+def _finish(ids: list[int], max_new_tokens: int, stop_id: int) -> dict[str, Any]:
+    """The finish reason; appends the stop token when the budget left room for it."""
+    if max_new_tokens > len(ids):
+        # The stop token was generated: SGLang sends and counts it (the text trims it).
+        ids.append(stop_id)
+        return {"type": "stop", "matched": stop_id}
+    return {"type": "length", "length": max_new_tokens}
 
 
 def completion_seed(prompt: Sequence[int] | str, seed: int) -> int:

@@ -1,48 +1,30 @@
-"""Fixtures for a real fleet: redis-server on a free port, the simulator over HTTP, Celery workers
-as separate processes (the same `genfleet worker` a user runs)."""
+"""Fixtures shared by both tiers: a redis-server on a free port (one per session, flushed for each
+test), the test tokenizer and vocabulary, and a real fleet of `genfleet worker` processes.
+
+`tests/unit/` starts nothing but that redis-server, and only where Redis itself is the subject;
+`tests/e2e/` runs the simulator over HTTP and Celery workers as separate processes. What both share
+is in `tests/helpers/` (importable as `helpers`)."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet import Fleet  # noqa: E402
-from sim_process import free_port  # noqa: E402
+from helpers.fleet import Fleet  # noqa: E402
+from helpers.paths import TOKENIZER  # noqa: E402
+from helpers.redis_server import RedisServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: `apt-get install redis-server` (make test does it as root)")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "",
-         "--appendonly", "no", "--maxmemory-policy", "noeviction"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    else:
-        process.kill()
-        pytest.fail("redis-server did not start")
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    server = RedisServer(tmp_path_factory.mktemp("redis"), "--appendonly", "no")
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture
@@ -61,3 +43,39 @@ def redis_client(redis_url: str) -> redis.Redis:
 def fleet(redis_url: str, tmp_path: Path):
     with Fleet(redis_url, tmp_path) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The simulator's tokenizer (sim/model), as workers and the producer load it."""
+    from common.tokenizer import load_tokenizer
+
+    return load_tokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def vocab():
+    """The simulator's view of the same vocabulary."""
+    from sim.vocab import SimVocab
+
+    return SimVocab.from_tokenizer_dir(TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def prompt(vocab) -> list[int]:
+    """The ids of the chat prompt the simulator tests ask with; it opens <think>."""
+    from helpers.sim_plans import CHAT_PROMPT
+
+    ids = vocab.encode(CHAT_PROMPT)
+    assert ids[-1] == vocab.think_start_id
+    return ids
+
+
+@pytest.fixture
+def sglang_client():
+    """The workers' SGLang client, closed after the test."""
+    from workers.sglang.client import SglangClient
+
+    client = SglangClient(max_connections=16, connect_timeout_s=5, stall_timeout_s=30)
+    yield client
+    client.close()

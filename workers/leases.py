@@ -31,6 +31,9 @@ class LeaseKeeper:
     def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float) -> None:
         self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
         self._held: dict[str, str] = {}  # task id -> delivery tag
+        # Tags of finished tasks whose lease is dropped once kombu no longer holds the message
+        # (acked, or given back): the lease zset holds only messages in hand.
+        self._released: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
@@ -47,12 +50,16 @@ class LeaseKeeper:
         self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s})
 
     def release(self, task_id: str) -> None:
-        """Stop renewing. The lease is left to lapse rather than deleted: the message is acked just
-        after the task returns, and until then it must not look abandoned to the reaper."""
+        """Stop renewing. The lease is not deleted yet: the message is acked just after the task
+        returns, and until then it must not look abandoned to the reaper. The next heartbeat drops
+        it once kombu's `unacked` no longer has the message."""
         with self._lock:
-            self._held.pop(task_id, None)
+            tag = self._held.pop(task_id, None)
+            if tag is not None:
+                self._released.add(tag)
 
     def renew(self) -> None:
+        self._drop_released()
         with self._lock:
             held = dict(self._held)
         if not held:
@@ -69,6 +76,20 @@ class LeaseKeeper:
                 self._held.pop(task_id, None)
         if alive:
             self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s for tag in alive.values()})
+
+    def _drop_released(self) -> None:
+        with self._lock:
+            released = list(self._released)
+        if not released:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for tag in released:
+            pipe.hexists(KOMBU_UNACKED, tag)
+        settled = [tag for tag, still_unacked in zip(released, pipe.execute(), strict=True) if not still_unacked]
+        if settled:
+            self.redis.zrem(LEASES, *settled)
+        with self._lock:
+            self._released.difference_update(settled)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -109,10 +130,25 @@ class Reaper:
                     continue
                 if self._restore(tag):
                     restored.append(tag)
+            self._forget_orphans(now)
             return restored
         finally:
             if self.redis.get(REAPER_LOCK) == self._token.encode():
                 self.redis.delete(REAPER_LOCK)
+
+    def _forget_orphans(self, now: float) -> None:
+        """Leases lapsed a while ago whose message kombu no longer holds: a worker that died after
+        its task was acked never dropped its lease. Without this the zset would grow per prompt."""
+        lapsed = [t.decode() if isinstance(t, bytes) else t
+                  for t in self.redis.zrangebyscore(LEASES, "-inf", now - self.ttl_s)]
+        if not lapsed:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for tag in lapsed:
+            pipe.hexists(KOMBU_UNACKED, tag)
+        orphans = [tag for tag, held in zip(lapsed, pipe.execute(), strict=True) if not held]
+        if orphans:
+            self.redis.zrem(LEASES, *orphans)
 
     def _restore(self, tag: str) -> bool:
         """kombu's own restore (kombu 5.7.0, kombu/transport/redis.py: `QoS.restore_by_tag` with

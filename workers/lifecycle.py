@@ -72,9 +72,13 @@ def connect_signals(runtime: WorkerRuntime) -> None:
     def stop_streams_after_grace(**_: Any) -> None:
         grace = runtime.settings.shutdown_grace_s
         log.warning("shutting down: running streams have %.0f s to finish, then are re-queued", grace)
-        timer = threading.Timer(grace, runtime.shutdown.set)
+        timer = threading.Timer(grace, stop_streams)
         timer.daemon = True
         timer.start()
+
+    def stop_streams() -> None:
+        runtime.shutdown.set()
+        runtime.client.interrupt_streams()  # a silent stream (a long prefill) is cut at once
 
     def close(**_: Any) -> None:
         for each in beacon:

@@ -71,7 +71,7 @@ class WorkerMetrics:
                                            ["dataset", "partition"], buckets=LENGTH_BUCKETS, registry=r)
         self.slots = Gauge("genfleet_worker_slots", "Tasks this worker runs at once (its concurrency)",
                            ["pool"], registry=r)
-        ProcessCollector(registry=r)  # RSS and CPU: DESIGN.md holds a worker to 400 MB at 150 streams
+        ProcessCollector(registry=r)  # RSS and CPU: the target is <= 400 MB per worker at 150 streams
         PlatformCollector(registry=r)
         GCCollector(registry=r)
 

@@ -14,6 +14,7 @@ import redis
 from common.run_state import RunState, connect
 from common.settings import Settings
 from common.tokenizer import load_tokenizer
+from workers.disk import DiskGuard
 from workers.leases import LeaseKeeper, Reaper
 from workers.sglang.client import SglangClient
 from workers.sglang.split import CompletionSplitter
@@ -39,6 +40,7 @@ class WorkerRuntime:
     redis: redis.Redis
     leases: LeaseKeeper
     reaper: Reaper
+    disk: DiskGuard
     # Set when the worker begins to shut down: running streams give their task back to the queue.
     shutdown: threading.Event = field(default_factory=threading.Event)
     _states: dict[str, RunState] = field(default_factory=dict)
@@ -66,6 +68,7 @@ class WorkerRuntime:
             redis=client_redis,
             leases=LeaseKeeper(client_redis, ttl_s=settings.lease_ttl_s, heartbeat_s=settings.lease_heartbeat_s),
             reaper=Reaper(client_redis, ttl_s=settings.lease_ttl_s, interval_s=settings.reaper_interval_s),
+            disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
         )
 
     @property

@@ -4,9 +4,15 @@ returns (and is then acknowledged) always has its record on disk.
 Many threads write at once; one flusher thread per shard commits them as a group, so 150 streams
 cost one fsync per commit interval, not one each. The layout (`{out}/{run}/{dataset}/{worker}-{seq:05d}.jsonl`,
 `.open` while being written) is `common/shards.py`'s.
+
+A local fault (ENOSPC, EIO, a vanished `.open`) fails only the lines of the batch it struck, with
+`ShardWriteFailed`; the flusher lives on: it cuts the broken shard back to its last durable byte,
+leaves it, and the next batch starts a fresh shard. A seal (rename) that fails leaves the shard
+`.open`, which every reader reads too. No `write` waits longer than its timeout.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -14,20 +20,30 @@ from pathlib import Path
 
 from common.shards import open_shard_name, sealed, shard_dir, shard_seq
 
+log = logging.getLogger(__name__)
+
+# A write waits at most this long for its fsync (a hung NFS mount, a stuck disk).
+WRITE_TIMEOUT_S = 120.0
+
 
 class ShardWriterClosed(RuntimeError):
     pass
 
 
+class ShardWriteFailed(OSError):
+    """The record is not on disk: a local fault, not the prompt's; the task gives its message back."""
+
+
 class ShardWriter:
     def __init__(self, directory: Path, worker: str, *, max_bytes: int, commit_interval_s: float,
-                 max_age_s: float = 900.0) -> None:
+                 max_age_s: float = 900.0, write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self.directory = directory
         self.worker = worker
         self.max_bytes = max_bytes
         self.commit_interval_s = commit_interval_s
         # Sealed shards can be exported or copied while the run goes on; an idle one is sealed too.
         self.max_age_s = max_age_s
+        self.write_timeout_s = write_timeout_s
         directory.mkdir(parents=True, exist_ok=True)
         self._seq = _next_seq(directory, worker)
         self._file = None
@@ -35,8 +51,8 @@ class ShardWriter:
         self._size = 0
         self._pending: list[bytes] = []
         self._submitted = 0  # lines handed to write()
-        self._durable = 0  # lines fsynced
-        self._failure: BaseException | None = None
+        self._settled = 0  # lines whose commit ended, fsynced or failed
+        self._failed_tickets: dict[int, BaseException] = {}  # ticket -> why its batch failed
         self._closing = False
         self._cond = threading.Condition()
         self._flusher = threading.Thread(target=self._flush_loop, name=f"shard-{worker}", daemon=True)
@@ -47,7 +63,9 @@ class ShardWriter:
         return self.directory / open_shard_name(self.worker, self._seq)
 
     def write(self, line: bytes) -> None:
-        """Append one JSON line and block until it is on disk (fsynced)."""
+        """Append one JSON line and block until it is on disk (fsynced); raises ShardWriteFailed
+        if its batch could not be written or did not commit within the timeout."""
+        deadline = time.monotonic() + self.write_timeout_s
         with self._cond:
             if self._closing:
                 raise ShardWriterClosed(f"shard writer for {self.directory} is closed")
@@ -55,17 +73,21 @@ class ShardWriter:
             self._submitted += 1
             ticket = self._submitted
             self._cond.notify_all()
-            while self._durable < ticket and self._failure is None:
-                self._cond.wait()
-            if self._durable < ticket:
-                raise OSError(f"writing shard in {self.directory} failed") from self._failure
+            while self._settled < ticket:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ShardWriteFailed(f"writing a shard in {self.directory} took over {self.write_timeout_s:g} s")
+                self._cond.wait(timeout=remaining)
+            error = self._failed_tickets.pop(ticket, None)
+        if error is not None:
+            raise ShardWriteFailed(f"writing a shard in {self.directory} failed: {error}") from error
 
     def close(self) -> None:
         """Flush what is pending, close the shard and drop its `.open` suffix."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._flusher.join()
+        self._flusher.join(timeout=self.write_timeout_s)
 
     def _flush_loop(self) -> None:
         while True:
@@ -80,17 +102,24 @@ class ShardWriter:
             time.sleep(self.commit_interval_s)
             with self._cond:
                 batch, self._pending = self._pending, []
-            try:
-                self._commit(batch)
-            except BaseException as error:  # noqa: BLE001 - reported to every waiting writer
-                with self._cond:
-                    self._failure = error
-                    self._cond.notify_all()
-                return
+                first = self._settled + 1
+            error = self._commit_or_recover(batch)
             with self._cond:
-                self._durable += len(batch)
+                if error is not None:
+                    self._failed_tickets.update({ticket: error for ticket in range(first, first + len(batch))})
+                self._settled += len(batch)
                 self._cond.notify_all()
         self._seal()
+
+    def _commit_or_recover(self, batch: list[bytes]) -> BaseException | None:
+        try:
+            self._commit(batch)
+            return None
+        except OSError as error:
+            log.error("writing %d records to %s failed: %s; they go back to the queue, the next batch starts "
+                      "a new shard", len(batch), self.open_path, error)
+            self._abandon()
+            return error
 
     def _commit(self, batch: list[bytes]) -> None:
         new_file = self._file is None
@@ -108,6 +137,20 @@ class ShardWriter:
         if self._size >= self.max_bytes or self._too_old():
             self._rotate()
 
+    def _abandon(self) -> None:
+        """After a failed commit: cut the shard back to its last durable byte (a torn tail would
+        otherwise precede the next line), close it, and move on to a new one."""
+        file, self._file = self._file, None
+        self._seq += 1
+        if file is None:
+            return
+        try:
+            file.truncate(self._size)
+            file.close()
+        except OSError as error:
+            # Readers skip a torn last line of an `.open` shard; nothing acknowledged is lost.
+            log.warning("could not cut %s back to %d bytes: %s", file.name, self._size, error)
+
     def _too_old(self) -> bool:
         return self._file is not None and time.monotonic() - self._opened_at >= self.max_age_s
 
@@ -118,10 +161,15 @@ class ShardWriter:
     def _seal(self) -> None:
         if self._file is None:
             return
-        self._file.close()
-        self._file = None
-        os.rename(self.open_path, sealed(self.open_path))
-        _fsync_dir(self.directory)
+        file, self._file = self._file, None
+        path = self.open_path
+        try:
+            file.close()
+            os.rename(path, sealed(path))
+            _fsync_dir(self.directory)
+        except OSError as error:
+            # Its records are fsynced already; an unsealed shard is read like a sealed one.
+            log.warning("could not seal %s: %s; it stays .open", path, error)
 
 
 class ShardSet:
@@ -138,7 +186,11 @@ class ShardSet:
         self._lock = threading.Lock()
 
     def write(self, run: str, dataset: str, line: bytes) -> None:
-        self._writer(run, dataset).write(line)
+        try:
+            writer = self._writer(run, dataset)
+        except OSError as error:  # the shard directory could not be made (disk full, read-only)
+            raise ShardWriteFailed(f"cannot prepare {shard_dir(self.root, run, dataset)}: {error}") from error
+        writer.write(line)
 
     def close(self) -> None:
         with self._lock:

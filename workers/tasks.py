@@ -14,17 +14,20 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Reject
 
+from common.names import task_problem
 from common.queues import GENERATE_TASK
 from common.reasoning import get_format, starts_in_reasoning
 from common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from common.run_state import Outcome
 from common.tokenizer import render_prompts
 from workers import telemetry
+from workers.disk import DiskUnwritable
 from workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
 from workers.failures import handle_failure
 from workers.runtime import WorkerRuntime
 from workers.sglang.client import Generation
 from workers.sglang.requests import chat_body, generate_body
+from workers.shard_writer import ShardWriteFailed
 from workers.turns import history_before, reply_positions
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,10 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
             return complete(payload, runtime)
         except ShutdownRequested:
             raise Reject("worker shutting down", requeue=True) from None
+        except DiskUnwritable as error:
+            # A local fault is not the prompt's: no attempt counted, no dead letter.
+            log.warning("giving %s back to the queue: %s", payload.id, error)
+            raise Reject(str(error), requeue=True) from None
         except GenerationError as error:
             handle_failure(self, payload, runtime, error)
         except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
@@ -51,6 +58,10 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
 
 
 def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
+    # Before any GPU time or file: a run or dataset name that could leave the output root (a forged
+    # task, one sent through Flower) is dead-lettered, never generated (common/names.py).
+    if (unsafe := task_problem(payload.run, payload.dataset, payload.id)) is not None:
+        raise PermanentError(f"unsafe task: {unsafe}")
     state = runtime.run_state(payload.run)
     if state.is_done(payload.dataset, payload.row):
         return {"id": payload.id, "skipped": "already done"}
@@ -62,7 +73,11 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
         state.mark_skipped(payload.dataset, payload.row)
         return {"id": payload.id, "skipped": f"dataset token budget of {payload.max_tokens_per_dataset} spent"}
     record = build_record(payload, runtime, turns, prompt, started_at)
-    runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
+    try:
+        runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
+    except ShardWriteFailed as error:
+        runtime.disk.failed(str(error))
+        raise DiskUnwritable(str(error)) from error
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
     if state.mark_done(payload.dataset, payload.row, outcome):
         # A record written twice (a crash before the ack) is counted once, like the counters.
@@ -99,6 +114,8 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     settings, pool = runtime.settings, runtime.upstreams
     input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
     stop = runtime.shutdown.is_set
+    # Before any GPU time is spent: a record that cannot be written is work thrown away.
+    runtime.disk.wait_writable(settings.disk_wait_s, stop)
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
                     should_stop=stop) as upstream:
         # Checked once a slot is held, right before generating: a spare thread may have waited.

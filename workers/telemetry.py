@@ -123,7 +123,7 @@ class Beacon:
         beacons.publish(self.redis, beacons.WorkerBeacon(
             name=self.runtime.name, pool=self.pool, slots=self.slots, time=time.time(),
             upstreams=[beacons.UpstreamHealth(url, url in healthy, count) for url, count in in_flight.items()],
-            in_flight=IN_FLIGHT.by_run(),
+            in_flight=IN_FLIGHT.by_run(), disk_problem=self.runtime.disk.problem(),
         ))
 
     def _loop(self) -> None:

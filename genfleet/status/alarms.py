@@ -75,6 +75,9 @@ def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
         if status.workers == 0:
             lines.append(f"no live worker (no beacon in the last 10 s) while {pending:,} prompts are pending: "
                          "start `genfleet worker --pool short|long --upstream URL`")
+    for problem in status.disk_problems:
+        lines.append(f"worker {problem}: it takes no new prompts until it can write (free space, the "
+                     "output volume, permissions); its prompts wait in the queue, nothing is dead-lettered")
     for upstream in status.upstreams:
         if upstream.down_in:
             lines.append(f"upstream {upstream.url} is down (circuit open in {upstream.down_in} of "

@@ -70,6 +70,7 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
         run=run, time=now, progress=progress, datasets=datasets, partitions=partitions,
         upstreams=_upstreams(live), workers=len(live), created_at=created_at, first_finished=first,
         last_finished=last, totals=_totals(progress, datasets, window_counts, histograms),
+        disk_problems=[f"{b.name}: {b.disk_problem}" for b in live if b.disk_problem],
     )
 
 

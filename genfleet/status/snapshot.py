@@ -134,6 +134,8 @@ class RunStatus:
     first_finished: float | None
     last_finished: float | None
     totals: DatasetStatus = field(repr=False)
+    # "worker: problem" for each live worker that cannot write its shards
+    disk_problems: list[str] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -4,9 +4,12 @@ the typed errors of `workers/errors.py` (mapped in `wire_errors.py`)."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,9 +61,23 @@ class SglangClient:
         )
         self.stall_timeout_s = stall_timeout_s
         self.servers = ServerInfo(self.http)
+        self._sockets: set[socket.socket] = set()  # of the streams being read now
+        self._sockets_lock = threading.Lock()
 
     def close(self) -> None:
         self.http.close()
+
+    def interrupt_streams(self) -> None:
+        """Wake every thread blocked reading a stream (a long prefill, a silent server): shutdown
+        makes a blocked recv() return at once, where close() from another thread may not. Each
+        stream then ends with a transport error, which the caller reads as its shutdown."""
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
 
     def forget(self, upstream: str) -> None:
         """The host came back (its breaker closed): it may have restarted with other settings."""
@@ -116,7 +133,8 @@ class SglangClient:
                 deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool]) -> float | None:
         """Feeds every `data:` chunk to the assembler; returns the time to the first token."""
         first_token_s = None
-        with transport_errors(url, self.stall_timeout_s), self.http.stream("POST", url, json=body) as response:
+        with (transport_errors(url, self.stall_timeout_s, should_stop),
+              self.http.stream("POST", url, json=body) as response, self._tracked(response)):
             if response.status_code != 200:
                 raise http_error(response)
             for line in response.iter_lines():
@@ -133,8 +151,26 @@ class SglangClient:
                 if first_token_s is None and has_tokens():
                     first_token_s = time.monotonic() - started
         if not assembler.finished:
+            if should_stop():
+                raise ShutdownRequested()  # the shutdown cut it: the message goes back, not a failure
             raise StreamCut(f"stream from {url} ended after {assembler.chunks} chunks without a finish reason")
         return first_token_s
+
+
+    @contextmanager
+    def _tracked(self, response: httpx.Response) -> Iterator[None]:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:  # another transport (tests' mocks): nothing to interrupt
+            yield
+            return
+        with self._sockets_lock:
+            self._sockets.add(sock)
+        try:
+            yield
+        finally:
+            with self._sockets_lock:
+                self._sockets.discard(sock)
 
 
 def new_rid() -> str:

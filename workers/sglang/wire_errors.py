@@ -8,13 +8,13 @@ code, retryable; 0.5.2 only message); a final chunk whose `finish_reason.type` i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 
-from workers.errors import PermanentError, StreamStalled, TransientError, UpstreamAborted
+from workers.errors import PermanentError, ShutdownRequested, StreamStalled, TransientError, UpstreamAborted
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}
@@ -68,13 +68,17 @@ def _error_message(response: httpx.Response) -> str:
 
 
 @contextmanager
-def transport_errors(url: str, stall_timeout_s: float) -> Iterator[None]:
-    """httpx's exceptions while talking to `url`, as transient errors that name it."""
+def transport_errors(url: str, stall_timeout_s: float,
+                     should_stop: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """httpx's exceptions while talking to `url`, as transient errors that name it; as
+    ShutdownRequested when the worker is stopping (its shutdown cut the stream on purpose)."""
     try:
         yield
-    except httpx.ReadTimeout:
-        raise StreamStalled(f"no data from {url} for {stall_timeout_s:g} s") from None
-    except httpx.TimeoutException as error:
-        raise TransientError(f"timeout talking to {url}: {type(error).__name__}") from None
     except httpx.TransportError as error:
+        if should_stop():
+            raise ShutdownRequested() from None
+        if isinstance(error, httpx.ReadTimeout):
+            raise StreamStalled(f"no data from {url} for {stall_timeout_s:g} s") from None
+        if isinstance(error, httpx.TimeoutException):
+            raise TransientError(f"timeout talking to {url}: {type(error).__name__}") from None
         raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None

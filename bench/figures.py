@@ -1,0 +1,164 @@
+"""The figures of `make bench`: each a median over the runs, its target and, for a missed target,
+the note that says why (`bench/target_notes.py`). Each figure's target is set here."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from statistics import median
+
+from bench import target_notes
+from bench.scaling import Scaling
+from bench.throughput import SLOTS, Comparison
+
+MB = 1e6
+
+
+@dataclass
+class Figure:
+    name: str
+    values: list[float]  # one per run
+    fmt: Callable[[float], str]
+    detail: str = ""
+    target: str = "—"
+    meets: Callable[[float], bool] | None = None
+    note: Callable[[], str] | None = None  # why it missed and what would fix it
+
+    @property
+    def median(self) -> float:
+        return median(self.values)
+
+    @property
+    def status(self) -> str:
+        if self.meets is None:
+            return ""
+        return "met" if self.meets(self.median) else "**missed**"
+
+    def cell(self) -> str:
+        text = self.fmt(self.median)
+        if len(self.values) > 1:
+            text += f" ({self.fmt(min(self.values))} – {self.fmt(max(self.values))})"
+        return text
+
+
+def format_ratio(v: float) -> str:
+    return f"{v:.2f}×"
+
+
+def format_percent(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+@dataclass(frozen=True)
+class ThroughputMedians:
+    """Medians over the throughput runs, quoted by the figures' details and the notes."""
+
+    genfleet_tok_s: float
+    baseline_tok_s: float
+    genfleet_occupancies: list[float]  # one per run: a figure of its own
+    baseline_occupancy: float
+    genfleet_cpu_us_per_token: float
+    baseline_cpu_us_per_token: float
+    genfleet_task_cpu_ms: float
+    tokens_per_prompt: float
+    completions_per_s: float
+    peak_running: int  # the lowest of the runs' peaks
+    knee: float
+
+    @classmethod
+    def of(cls, runs: list[Comparison]) -> ThroughputMedians:
+        return cls(
+            genfleet_tok_s=median([c.genfleet.tokens_per_s for c in runs]),
+            baseline_tok_s=median([c.baseline.tokens_per_s for c in runs]),
+            genfleet_occupancies=[c.genfleet.occupancy or 0.0 for c in runs],
+            baseline_occupancy=median([c.baseline.occupancy or 0.0 for c in runs]),
+            genfleet_cpu_us_per_token=median([c.genfleet.cpu_us_per_token for c in runs]),
+            baseline_cpu_us_per_token=median([c.baseline.cpu_us_per_token for c in runs]),
+            genfleet_task_cpu_ms=median([1e3 * c.genfleet.client_cpu_s / c.genfleet.prompts for c in runs]),
+            tokens_per_prompt=median([c.genfleet.completion_tokens / c.genfleet.prompts for c in runs]),
+            completions_per_s=median([c.genfleet.window.requests / c.genfleet.window.seconds for c in runs
+                                      if c.genfleet.window]),
+            peak_running=min(c.genfleet.sim_peak_running for c in runs),
+            knee=runs[0].profile.knee,
+        )
+
+    @property
+    def genfleet_occupancy(self) -> float:
+        return median(self.genfleet_occupancies)
+
+
+def throughput_figures(runs: list[Comparison]) -> tuple[list[Figure], list[Figure]]:
+    """Section 1 (throughput, occupancy, wall time) and section 2 (CPU per token, peak RSS)."""
+    medians = ThroughputMedians.of(runs)
+    return _speed_figures(runs, medians), _cost_figures(runs, medians)
+
+
+def _speed_figures(runs: list[Comparison], m: ThroughputMedians) -> list[Figure]:
+    return [
+        Figure("Throughput, genfleet ÷ baseline (completion tokens/s over the wall time)",
+               [c.throughput_ratio for c in runs], format_ratio,
+               detail=f"genfleet {m.genfleet_tok_s:,.0f} tok/s, baseline {m.baseline_tok_s:,.0f} tok/s",
+               target="≥ 1.3×", meets=lambda v: v >= 1.3, note=partial(target_notes.throughput_note, m)),
+        Figure("Steady-state occupancy, genfleet (time-averaged running ÷ 150)", m.genfleet_occupancies,
+               format_percent, detail=f"baseline {m.baseline_occupancy:.1%}", target="≥ 99%",
+               meets=lambda v: v >= 0.99, note=partial(target_notes.occupancy_note, m)),
+        Figure("Wall time, genfleet ÷ baseline", [c.wall_ratio for c in runs], format_ratio,
+               detail=f"{median([c.genfleet.wall_s for c in runs]):.1f} s vs "
+                      f"{median([c.baseline.wall_s for c in runs]):.1f} s"),
+    ]
+
+
+def _cost_figures(runs: list[Comparison], m: ThroughputMedians) -> list[Figure]:
+    rss = [c.genfleet.client_peak_rss_bytes / MB for c in runs]
+    fewer = "" if m.peak_running >= SLOTS else f" (fewer than {SLOTS})"
+    return [
+        Figure("CPU per generated token, worker process ÷ baseline process", [c.cpu_ratio for c in runs],
+               format_ratio,
+               detail=f"{m.genfleet_cpu_us_per_token:.1f} vs {m.baseline_cpu_us_per_token:.1f} µs/token",
+               target="≤ 0.25×", meets=lambda v: v <= 0.25, note=partial(target_notes.cpu_note, m)),
+        Figure(f"Peak RSS of a worker with {SLOTS} streams (VmHWM)", rss, lambda v: f"{v:,.0f} MB",
+               detail=f"streams in flight at peak: {m.peak_running}{fewer}",
+               target="≤ 400 MB", meets=lambda v: v <= 400, note=target_notes.rss_note),
+    ]
+
+
+def enqueue_figures(runs: list[dict]) -> list[Figure]:
+    alone = median([r["enqueue_per_s"] for r in runs])
+    end_to_end = median([r["end_to_end_per_s"] for r in runs])
+    prompts = runs[0]["prompts"]
+    return [Figure(f"Enqueue rate, {prompts:,} short prompts (templating and counting included, "
+                   "process start included)",
+                   [r["end_to_end_per_s"] for r in runs], lambda v: f"{v:,.0f} prompts/s",
+                   detail=f"enqueue alone {alone:,.0f}/s", target="≥ 5,000/s", meets=lambda v: v >= 5000,
+                   note=partial(target_notes.enqueue_note, end_to_end, alone))]
+
+
+def scaling_figures(runs: list[Scaling]) -> list[Figure]:
+    figures = []
+    counts = [r.hosts for r in runs[0].results if r.hosts != 1]
+    for hosts in counts:
+        tps = median([next(r.tokens_per_s for r in s.results if r.hosts == hosts) for s in runs])
+        occ = median([next(r.occupancy for r in s.results if r.hosts == hosts) for s in runs])
+        own = median([next(r.own_cores for r in s.results if r.hosts == hosts) for s in runs])
+        busy = median([next(r.machine_busy_cores for r in s.results if r.hosts == hosts) for s in runs])
+        one = median([next(r.tokens_per_s for r in s.results if r.hosts == 1) for s in runs])
+        target = hosts == 4  # the one host count with a target
+        figures.append(Figure(
+            f"Scaling, {hosts} hosts ÷ 1 host (steady-state tokens/s)",
+            [s.relative(hosts) for s in runs], format_ratio,
+            detail=f"{tps:,.0f} vs {one:,.0f} tok/s; occupancy {occ:.1%}; {own:.2f} cores used by the fleet",
+            target="≥ 3.6×" if target else "—", meets=(lambda v: v >= 3.6) if target else None,
+            note=partial(target_notes.scaling_note, hosts, occ, own, busy) if target else None))
+    return figures
+
+
+def export_figures(export: dict) -> list[Figure]:
+    main = export["main"]
+    small = next((v for v in export["variants"] if v["records"] and v["records"] < main["records"]), None)
+    flat = f"; {small['records']:,} records: {small['peak_rss_mb']:,.0f} MB" if small else ""
+    return [
+        Figure(f"Export rate, {main['records']:,} small records (`genfleet export --format specforge`)",
+               [main["records_per_s"]], lambda v: f"{v:,.0f} records/s", detail=f"{main['seconds']} s; 1 run"),
+        Figure(f"Export peak memory, {main['records']:,} records (ru_maxrss)", [main["peak_rss_mb"]],
+               lambda v: f"{v:,.0f} MB", detail=f"1 run{flat}"),
+    ]

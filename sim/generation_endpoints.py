@@ -1,0 +1,234 @@
+"""The simulated SGLang server's token-carrying endpoints, /generate and /v1/chat/completions:
+each request validated as SGLang 0.5.23 validates it (same status, same error body), admitted,
+planned, and answered by a streaming or one-shot `GenerationResponse`."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope
+
+from sim.capacity import Capacity
+from sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
+from sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
+from sim.completion import CompletionPlan
+from sim.completion_log import CompletionLog
+from sim.engine import Engine, Frames, Generation, Served
+from sim.faults import FaultInjector, FaultKind
+from sim.generation_response import GenerationResponse, read_body
+from sim.reasoning_formats import ReasoningFormat
+from sim.request import BadRequest, GenerateRequest, InvalidRequest, SchemaError, parse_generate_request
+from sim.settings import SimSettings
+from sim.vocab import SimVocab
+from sim.wire import (
+    DONE,
+    SSE_MEDIA_TYPE,
+    ChunkEncoder,
+    dumps,
+    invalid_request_chunk,
+    message_error_body,
+    schema_error_body,
+)
+
+GENERATE_METHODS = ("POST", "PUT")
+CHAT_METHODS = ("POST",)
+JSON_MEDIA_TYPE = "application/json"
+
+
+class GenerationEndpoints:
+    """/generate and /v1/chat/completions over one engine, one capacity and one fault stream.
+
+    Both APIs share admission (context length, duplicate rid), the per-request fault draws and
+    the completion log, so a request costs the same draws whichever API it came through."""
+
+    def __init__(
+        self,
+        settings: SimSettings,
+        *,
+        vocab: SimVocab,
+        reasoning_format: ReasoningFormat,
+        capacity: Capacity,
+        log: CompletionLog | None,
+    ) -> None:
+        self.settings = settings
+        self.vocab = vocab
+        self.reasoning_format = reasoning_format
+        self.encoder = ChunkEncoder(vocab)
+        self.chat_template = ChatTemplate(settings.tokenizer_dir)
+        self.capacity = capacity
+        self.engine = Engine(capacity, tick=settings.tick)
+        self.faults = FaultInjector(settings.faults)
+        self.log = log
+        self._rids_in_flight: set[str] = set()
+
+    # -- /generate ----------------------------------------------------------------------------
+
+    async def generate(self, scope: Scope, receive: Receive) -> ASGIApp:
+        if scope["method"] not in GENERATE_METHODS:
+            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(GENERATE_METHODS)})
+        try:
+            body = json.loads(await read_body(receive))
+        except ValueError as error:
+            return _bad_request(f"invalid JSON body: {error}")
+        streaming = isinstance(body, dict) and body.get("stream") is True
+        try:
+            generation, rid = self._prepare(parse_generate_request(body))
+        except BadRequest as error:
+            return _bad_request(str(error))
+        except SchemaError as error:
+            return Response(schema_error_body(str(error)), 400, media_type=JSON_MEDIA_TYPE)
+        except InvalidRequest as error:
+            return self._invalid(str(error), streaming=streaming)
+        if generation.fault and generation.fault.kind is FaultKind.HTTP_500:
+            return Response(message_error_body("Internal server error"), 500, media_type=JSON_MEDIA_TYPE)
+        return self._respond(generation, rid)
+
+    def _prepare(self, request: GenerateRequest) -> tuple[Generation, str]:
+        prompt = request.prompt
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(self.vocab.encode(prompt))
+        rid = self._admit(prompt_tokens, request.rid)
+        plan = self.settings.plan(prompt, vocab=self.vocab, seed=request.sampling_seed,
+                                  max_new_tokens=request.max_new_tokens)
+        frames = self.encoder.frames(
+            plan,
+            rid=rid,
+            prompt_tokens=prompt_tokens,
+            skip_special_tokens=request.skip_special_tokens,
+            incremental=self.settings.incremental,
+            error_format=self.settings.faults.error_format,
+        )
+        prompt_field = {"input_ids": prompt} if isinstance(prompt, list) else {"input_text": prompt}
+        generation = self._generation(
+            plan, frames, prompt_tokens, request.stream, request.stream_interval,
+            log_head={"rid": rid, "api": "generate", **prompt_field},
+        )
+        return generation, rid
+
+    def _invalid(self, message: str, *, streaming: bool) -> Response:
+        if streaming:  # SGLang validates inside the stream, after a 200 went out
+            chunk = invalid_request_chunk(message, self.settings.faults.error_format)
+            return Response(chunk + DONE, 200, media_type=SSE_MEDIA_TYPE)
+        return Response(message_error_body(message), 400, media_type=JSON_MEDIA_TYPE)
+
+    # -- /v1/chat/completions -----------------------------------------------------------------
+
+    async def chat(self, scope: Scope, receive: Receive) -> ASGIApp:
+        if scope["method"] not in CHAT_METHODS:
+            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(CHAT_METHODS)})
+        try:
+            body = json.loads(await read_body(receive))
+        except ValueError as error:
+            return _bad_request(f"invalid JSON body: {error}")
+        try:
+            request = parse_chat_request(body)
+            await self.chat_template.load()
+            generation, rid = self._prepare_chat(request, self.chat_template.prompt_ids(request))
+        except BadRequest as error:
+            return _bad_request(str(error))
+        except InvalidRequest as error:
+            # 0.5.23 starts the generator before the 200, so even a stream gets a plain 400.
+            return Response(openai_error_body(str(error)), 400, media_type=JSON_MEDIA_TYPE)
+        if generation.fault and generation.fault.kind is FaultKind.HTTP_500:
+            body = openai_error_body("Internal server error", err_type=INTERNAL_ERROR_TYPE, code=500)
+            return Response(body, 500, media_type=JSON_MEDIA_TYPE)
+        return self._respond(generation, rid)
+
+    def _prepare_chat(self, request: ChatRequest, prompt_ids: list[int]) -> tuple[Generation, str]:
+        settings = self.settings
+        prompt_tokens = len(prompt_ids)
+        if request.max_tokens is not None and request.max_tokens > settings.context_length:
+            raise InvalidRequest(
+                f"max_completion_tokens is too large: {request.max_tokens}."
+                f"This model supports at most {settings.context_length} completion tokens."
+            )
+        rid = self._admit(prompt_tokens, request.rid, prefix="chatcmpl-")
+        # Without a limit SGLang generates up to the context length.
+        max_new_tokens = settings.chat_max_new_tokens(prompt_tokens, request.max_tokens)
+        plan = settings.plan(prompt_ids, vocab=self.vocab, seed=request.seed, max_new_tokens=max_new_tokens)
+        gpt_oss = self.reasoning_format.name == "gpt-oss"
+        options = ChatOptions(
+            completion_id=rid,
+            created=int(time.time()),
+            model=request.model,
+            prompt_tokens=prompt_tokens,
+            separate_reasoning=request.separate_reasoning and self.reasoning_format.name != "none",
+            # SGLang keeps special tokens for gpt-oss, whose Harmony parser needs them.
+            skip_special_tokens=request.skip_special_tokens and not gpt_oss,
+            stream_reasoning=request.stream_reasoning,
+            include_usage=request.include_usage,
+            continuous_usage_stats=request.continuous_usage_stats,
+        )
+        table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
+        frames = ChatFrames(plan, table=table, options=options)
+        log_head = {"rid": rid, "api": "chat", "input_ids": prompt_ids}
+        return self._generation(plan, frames, prompt_tokens, request.stream, None, log_head=log_head), rid
+
+    # -- shared by both APIs ------------------------------------------------------------------
+
+    def _admit(self, prompt_tokens: int, rid: str | None, prefix: str = "") -> str:
+        """Check the prompt fits and the rid is free; returns the rid."""
+        if prompt_tokens >= self.settings.context_length:
+            raise InvalidRequest(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({self.settings.context_length} tokens)."
+            )
+        rid = rid if rid is not None else prefix + uuid.uuid4().hex
+        if rid in self._rids_in_flight:
+            raise InvalidRequest(f"Duplicate request ID detected: {rid}")
+        return rid
+
+    def _generation(
+        self,
+        plan: CompletionPlan,
+        frames: Frames,
+        prompt_tokens: int,
+        stream: bool,
+        stream_interval: int | None,
+        *,
+        log_head: dict[str, Any],
+    ) -> Generation:
+        interval = self.settings.effective_stream_interval(stream_interval)
+        on_served = None
+        if self.log is not None:
+            log, incremental = self.log, self.settings.incremental and stream
+
+            def on_served(served: Served) -> None:
+                log.write({
+                    **log_head,
+                    "output_ids": plan.output_ids[: served.generated],
+                    **frames.streamed(served.generated),
+                    "finish_reason": served.finish_reason,
+                    "completion_tokens": min(served.generated, len(plan.output_ids)),
+                    "stream": stream,
+                    "stream_interval": interval,
+                    "incremental": incremental,
+                    "faults": list(served.faults),
+                })
+
+        return Generation(
+            plan=plan,
+            frames=frames,
+            prompt_tokens=prompt_tokens,
+            stream=stream,
+            stream_interval=interval,
+            fault=self.faults.draw(),  # one draw per admitted request, in arrival order
+            steps=self.settings.steps,
+            corruption=self.faults.draw_corruption(),  # also one per admitted request
+            on_served=on_served,
+        )
+
+    def _respond(self, generation: Generation, rid: str) -> ASGIApp:
+        self._rids_in_flight.add(rid)
+        return GenerationResponse(
+            self.engine, generation, on_disconnect=self.capacity.record_disconnected,
+            on_done=lambda: self._rids_in_flight.discard(rid),
+        )
+
+
+def _bad_request(message: str) -> Response:
+    """FastAPI's validation errors, which SGLang turns into 400s."""
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return Response(dumps(body), 400, media_type=JSON_MEDIA_TYPE)

@@ -1,0 +1,53 @@
+"""The layering rule (docs/ARCHITECTURE.md), checked on every module's imports, those inside
+functions included: `common` imports nothing first-party; `producer`, `workers` and `sim` import
+`common` and themselves only, never each other; `genfleet` (the operator tools) may import any
+product package. The tests, the benchmarks and the oracle are never imported by product code."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+from helpers.paths import REPO
+from helpers.sources import Module, modules
+
+PRODUCT = ("common", "producer", "workers", "sim", "genfleet")
+FIRST_PARTY = (*PRODUCT, "bench", "oracle", "tests", "examples")
+ALLOWED = {
+    "common": {"common"},
+    "producer": {"common", "producer"},
+    "workers": {"common", "workers"},
+    "sim": {"common", "sim"},
+    "genfleet": set(PRODUCT),
+}
+
+
+def imported(module: Module) -> list[tuple[int, str]]:
+    """(line, top-level package) of every first-party import, `importlib.import_module("...")` too."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [module.package] if node.level else [node.module or ""]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
+        else:
+            continue
+        found += [(node.lineno, name.split(".")[0]) for name in names if name.split(".")[0] in FIRST_PARTY]
+    return found
+
+
+def test_every_first_party_package_is_where_the_rule_expects_it():
+    assert all((REPO / package).is_dir() for package in FIRST_PARTY)
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_each_package_imports_only_what_the_layering_allows(package):
+    checked, wrong = 0, []
+    for module in modules(package):
+        checked += 1
+        wrong += [f"{module.path}:{line} imports {target}" for line, target in imported(module)
+                  if target not in ALLOWED[package]]
+    assert checked, f"no modules found under {package}/"
+    assert not wrong, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(wrong)

@@ -1,0 +1,103 @@
+"""Leases and the reaper against a real Redis, with a message held the way a worker holds it
+(kombu's own `basic_get`): a lease is renewed only while kombu still holds its message, a live
+one is never reaped however old its message, and an expired one is restored exactly once, by one
+reaper at a time."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers.kombu_messages import held_message
+
+from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
+from common.queues import SHORT
+from workers.leases import LeaseKeeper, Reaper
+
+PAYLOAD = {"run": "r", "dataset": "d", "row": 1, "id": "d/1"}
+
+
+@pytest.fixture
+def held(redis_client, redis_url):
+    """The delivery tag of a message a (live) consumer holds unacknowledged."""
+    with held_message(redis_client, redis_url, PAYLOAD) as message:
+        assert redis_client.hexists(KOMBU_UNACKED, message.delivery_tag)
+        yield message.delivery_tag
+
+
+def lease_left(client, tag: str) -> float | None:
+    expiry = client.zscore(LEASES, tag)
+    return None if expiry is None else expiry - time.time()
+
+
+def fetched_long_ago(client, tag: str, seconds: float = 600) -> None:
+    client.zadd(KOMBU_UNACKED_INDEX, {tag: time.time() - seconds})
+
+
+def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_message_is_acked(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
+    keeper.hold("task-1", held)
+    assert 59 < lease_left(redis_client, held) <= 60
+    redis_client.zadd(LEASES, {held: time.time() + 1})  # a minute goes by
+    keeper.renew()
+    assert 59 < lease_left(redis_client, held) <= 60
+
+    keeper.release("task-1")
+    redis_client.zadd(LEASES, {held: time.time() + 1})
+    keeper.renew()
+    # Not renewed, and not deleted either: until the ack the message must not look abandoned.
+    assert 0 < lease_left(redis_client, held) <= 1
+    redis_client.hdel(KOMBU_UNACKED, held)  # acknowledged
+    keeper.renew()
+    assert lease_left(redis_client, held) is None
+
+
+def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
+    keeper.hold("task-1", held)
+    redis_client.hdel(KOMBU_UNACKED, held)  # restored elsewhere, or acked
+    redis_client.zadd(LEASES, {held: time.time() + 1})
+    keeper.renew()
+    assert lease_left(redis_client, held) <= 1, "a renewed lease would shield the message from the reaper"
+
+
+def test_the_reaper_leaves_a_message_alone_while_its_lease_is_renewed_however_old_it_is(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1)
+    keeper.hold("task-1", held)
+    fetched_long_ago(redis_client, held)
+    assert Reaper(redis_client, ttl_s=5, interval_s=1).reap_once() == []
+    assert redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 0
+
+
+def test_a_message_fetched_within_a_lease_is_left_alone_before_its_lease_is_written(redis_client, held):
+    assert Reaper(redis_client, ttl_s=60, interval_s=1).reap_once() == []
+    assert redis_client.hexists(KOMBU_UNACKED, held)
+
+
+def test_an_expired_lease_gets_its_message_restored_exactly_once(redis_client, held):
+    LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1).hold("task-1", held)
+    fetched_long_ago(redis_client, held)
+    redis_client.zadd(LEASES, {held: time.time() - 1})  # its worker died: nobody renews it
+
+    reapers = [Reaper(redis_client, ttl_s=5, interval_s=1) for _ in range(2)]
+    assert reapers[0].reap_once() == [held]
+    assert reapers[0].reap_once() == [] and reapers[1].reap_once() == []
+
+    assert redis_client.llen(SHORT) == 1
+    assert not redis_client.hexists(KOMBU_UNACKED, held)
+    assert redis_client.zscore(KOMBU_UNACKED_INDEX, held) is None and lease_left(redis_client, held) is None
+    assert redis_client.get(REAPER_LOCK) is None
+
+
+def test_only_one_reaper_works_at_a_time(redis_client, held):
+    fetched_long_ago(redis_client, held)  # no lease at all: abandoned
+    redis_client.set(REAPER_LOCK, "another reaper's token")
+    assert Reaper(redis_client, ttl_s=5, interval_s=1).reap_once() == []
+    assert redis_client.get(REAPER_LOCK) == b"another reaper's token" and redis_client.llen(SHORT) == 0
+    redis_client.delete(REAPER_LOCK)
+    assert Reaper(redis_client, ttl_s=5, interval_s=1).reap_once() == [held]
+
+
+def test_a_lapsed_lease_of_a_message_already_settled_is_forgotten(redis_client):
+    redis_client.zadd(LEASES, {"gone-tag": time.time() - 600})  # its worker died after the ack
+    Reaper(redis_client, ttl_s=5, interval_s=1).reap_once()
+    assert redis_client.zcard(LEASES) == 0

@@ -1,0 +1,80 @@
+"""`RunState`, the one writer of a run's counters and bitmaps, against a real Redis: a publish pushes
+a row once and announces it once, never a row already settled; a row settles (done or skipped)
+and counts once however often its task runs; rejections count once; counters read whole."""
+from __future__ import annotations
+
+from common.queues import PARTITIONS, SHORT
+from common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
+
+FINISHED = Outcome(prompt_tokens=7, completion_tokens=40, reasoning_tokens=12, truncated=True,
+                   empty_reasoning=False, empty_content=True)
+
+
+def test_a_row_counts_once_however_many_times_its_task_finishes(redis_client):
+    state = RunState(redis_client, "r")
+    assert state.mark_done("d", 9, FINISHED) is True
+    assert state.mark_done("d", 9, FINISHED) is False  # a worker died after writing, before acking
+    counters = state.counters("d")
+    assert {name: counters[name] for name in ("done", "prompt_tokens", "completion_tokens", "reasoning_tokens",
+                                              "truncated", "empty_reasoning", "empty_content")} == {
+        "done": 1, "prompt_tokens": 7, "completion_tokens": 40, "reasoning_tokens": 12, "truncated": 1,
+        "empty_reasoning": 0, "empty_content": 1}
+    assert state.is_done("d", 9) and not state.is_done("d", 8) and state.completion_tokens("d") == 40
+
+
+def test_rows_settle_in_their_own_bits_across_bitmap_bytes(redis_client):
+    state = RunState(redis_client, "r")
+    for row in (3, 9, 17, 800):  # Redis numbers bits from each byte's most significant
+        state.mark_done("d", row, FINISHED)
+    assert state.done_row_set("d") == {3, 9, 17, 800} and state.done_rows("d") == 4
+    assert redis_client.getbit(state.keys.done("d"), 17) == 1
+
+
+def test_publish_never_pushes_a_row_already_settled_done_or_skipped(redis_client):
+    state = RunState(redis_client, "r")
+    state.mark_done("d", 0, FINISHED)
+    assert state.mark_skipped("d", 1) is True and state.mark_skipped("d", 1) is False
+    tasks = [OutgoingTask(row, SHORT, f"m{row}".encode()) for row in range(3)]
+    published = state.publish("d", tasks, [], queues=PARTITIONS)
+    assert (published.pushed, published.claimed) == ({SHORT: 1, "long": 0}, 2)
+    assert redis_client.lrange(SHORT, 0, -1) == [b"m2"]
+    counters = state.counters("d")
+    assert (counters["total"], counters["done"], counters["skipped"]) == (1, 1, 1)
+
+
+def test_publish_announces_each_task_once_on_the_event_channel(redis_client):
+    state = RunState(redis_client, "r")
+    events = redis_client.pubsub()
+    events.subscribe("events")
+    assert events.get_message(timeout=5)["type"] == "subscribe"
+    tasks = [OutgoingTask(row, SHORT, f"m{row}".encode(), f"sent {row}".encode()) for row in range(2)]
+    state.publish("d", tasks, [], queues=PARTITIONS, event_channel="events")
+    state.publish("d", tasks, [], queues=PARTITIONS, event_channel="events")  # a re-run: nothing new
+    sent = []
+    while (message := events.get_message(timeout=0.5)) is not None:
+        sent.append(message["data"])
+    events.close()
+    assert sent == [b"sent 0", b"sent 1"]
+    assert state.publish("d", [OutgoingTask(2, SHORT, b"m2", b"sent 2")], [], queues=PARTITIONS).pushed[SHORT] == 1
+
+
+def test_a_rejection_counts_once_and_a_row_published_later_is_no_longer_rejected(redis_client):
+    state = RunState(redis_client, "r")
+    assert state.record_rejection("d", 4, "d.jsonl", 5, "invalid JSON") is True
+    assert state.record_rejection("d", 4, "d.jsonl", 5, "invalid JSON") is False
+    again = state.publish("d", [], [RowRejection(4, "d.jsonl", 5, "invalid JSON")], queues=PARTITIONS)
+    assert again.new_rejections == 0
+    assert state.rejections("d") == {4: {"file": "d.jsonl", "line": 5, "reason": "invalid JSON"}}
+    assert state.counters("d")["rejected"] == 1
+    state.publish("d", [OutgoingTask(4, SHORT, b"fixed")], [], queues=PARTITIONS)
+    assert state.rejections("d") == {} and state.counters("d")["rejected"] == 0
+
+
+def test_counters_are_read_whole_and_zero_for_a_dataset_never_seen(redis_client):
+    state = RunState(redis_client, "r")
+    assert state.counters("nothing") == dict.fromkeys(COUNTER_FIELDS, 0)
+    state.count("d", "integrity")
+    state.count("d", "aborted", 3)
+    counters = state.counters("d")
+    assert set(counters) == set(COUNTER_FIELDS) and (counters["integrity"], counters["aborted"]) == (1, 3)
+    assert RunState(redis_client, "another run").counters("d")["aborted"] == 0
