@@ -46,7 +46,7 @@ class ShardWriter:
         self.write_timeout_s = write_timeout_s
         directory.mkdir(parents=True, exist_ok=True)
         self._seq = _next_seq(directory, worker)
-        self._file = None
+        self._fd: int | None = None  # unbuffered: a failed write leaves nothing queued to flush later
         self._opened_at = 0.0
         self._size = 0
         self._pending: list[bytes] = []
@@ -122,49 +122,52 @@ class ShardWriter:
             return error
 
     def _commit(self, batch: list[bytes]) -> None:
-        new_file = self._file is None
+        new_file = self._fd is None
         if new_file:
-            self._file = open(self.open_path, "ab")
+            self._fd = os.open(self.open_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._opened_at = time.monotonic()
-            self._size = self._file.tell()
-        data = b"".join(batch)
-        self._file.write(data)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+            self._size = os.fstat(self._fd).st_size
+        data = memoryview(b"".join(batch))
+        while data:  # os.write may write part of it (a disk filling up) before it raises
+            data = data[os.write(self._fd, data):]
+        os.fsync(self._fd)
         if new_file:
             _fsync_dir(self.directory)  # the new file's name must survive a crash too
-        self._size += len(data)
+        self._size += sum(map(len, batch))
         if self._size >= self.max_bytes or self._too_old():
             self._rotate()
 
     def _abandon(self) -> None:
         """After a failed commit: cut the shard back to its last durable byte (a torn tail would
         otherwise precede the next line), close it, and move on to a new one."""
-        file, self._file = self._file, None
+        fd, self._fd = self._fd, None
+        path = self.open_path
         self._seq += 1
-        if file is None:
+        if fd is None:
             return
         try:
-            file.truncate(self._size)
-            file.close()
+            os.ftruncate(fd, self._size)
+            os.fsync(fd)
         except OSError as error:
             # Readers skip a torn last line of an `.open` shard; nothing acknowledged is lost.
-            log.warning("could not cut %s back to %d bytes: %s", file.name, self._size, error)
+            log.warning("could not cut %s back to %d bytes: %s", path, self._size, error)
+        finally:
+            os.close(fd)
 
     def _too_old(self) -> bool:
-        return self._file is not None and time.monotonic() - self._opened_at >= self.max_age_s
+        return self._fd is not None and time.monotonic() - self._opened_at >= self.max_age_s
 
     def _rotate(self) -> None:
         self._seal()
         self._seq += 1
 
     def _seal(self) -> None:
-        if self._file is None:
+        if self._fd is None:
             return
-        file, self._file = self._file, None
+        fd, self._fd = self._fd, None
         path = self.open_path
         try:
-            file.close()
+            os.close(fd)
             os.rename(path, sealed(path))
             _fsync_dir(self.directory)
         except OSError as error:

@@ -194,9 +194,12 @@ class Reconciler:
             finding.problems.append(
                 f"{dataset}: {finding.done_without_record} rows are done in Redis but have no record in the "
                 f"shards{budget}")
+        # Any count that disagrees makes the export unverified: a record for a prompt Redis does not
+        # hold as done (its task failed after writing, or still runs) is data the run never settled.
         if finding.done_bits != counts.done + counts.skipped:
-            finding.notes.append(f"{dataset}: {finding.done_bits} done bits, but the counters say done "
-                                 f"{counts.done} + skipped {counts.skipped}")
+            finding.problems.append(f"{dataset}: {finding.done_bits} done bits, but the counters say done "
+                                    f"{counts.done} + skipped {counts.skipped}")
         if finding.records_not_done:
-            finding.notes.append(f"{dataset}: {finding.records_not_done} records whose prompt is not marked done "
-                                 "(written, then the task failed or is still running); exported all the same")
+            finding.problems.append(f"{dataset}: {finding.records_not_done} records whose prompt is not marked "
+                                    "done (written, then the task failed or is still running); exported all the "
+                                    "same")

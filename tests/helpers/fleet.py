@@ -69,6 +69,8 @@ class Fleet:
             "GENFLEET_COMMIT_INTERVAL_S": "0.02",
             # No /metrics on the pools' fixed default ports: a test asks for a free one.
             "GENFLEET_METRICS_PORT": "0",
+            # Small test records: a test machine with little free disk must not stall the fleet.
+            "GENFLEET_MIN_FREE_DISK_MB": "1",
             "PYTHONUNBUFFERED": "1",
         }
         self.configure(**settings)
