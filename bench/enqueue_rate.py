@@ -78,8 +78,9 @@ def main() -> None:
         write_prompts(data, args.prompts)
         redis_process, url = start_redis(workdir)
         try:
+            # No workers drain the queue here: the default depth limit would hold the producer forever.
             command = [sys.executable, "-m", "genfleet", "enqueue", "--run", "bench", "--tokenizer",
-                       str(TOKENIZER), "--redis-url", url, f"bench={data}"]
+                       str(TOKENIZER), "--redis-url", url, "--max-queue-depth", "0", f"bench={data}"]
             if args.batch_size:
                 command += ["--batch-size", str(args.batch_size)]
             env = {**os.environ, "COLUMNS": "200"}

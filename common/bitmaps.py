@@ -10,7 +10,7 @@ or GETRANGE goes through here, so the bit order is written down once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 # Byte value -> the bit positions (0 = most significant) set in it: decoding then costs one table
 # lookup per non-zero byte instead of eight tests.
@@ -49,3 +49,14 @@ def from_int(bits: int, width: int) -> bytes:
     """The inverse of `to_int`: the `width`-byte bitmap whose bits are those of `bits`."""
     return bits.to_bytes(width, "big")
 
+
+def from_rows(rows: Iterable[int]) -> bytes:
+    """The bitmap with exactly `rows` set (what SETBIT on each would leave), as short as it can be."""
+    rows = list(rows)
+    if not rows:
+        return b""
+    width = (max(rows) >> 3) + 1
+    bits = 0
+    for row in rows:
+        bits |= 1 << (width * 8 - 1 - row)
+    return from_int(bits, width)

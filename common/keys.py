@@ -41,6 +41,13 @@ class RunKeys:
         return f"{self.base}:rejected:{dataset}"
 
     @property
+    def unaccounted(self) -> str:
+        """Hash: dataset -> rows found neither queued, running, done nor dead by two workers' checks in
+        a row (lost: `enqueue --recover-lost`), and `suspects:{dataset}` -> bitmap of the rows the
+        latest check found; absent while nothing is missing (`workers/unaccounted.py`)."""
+        return f"{self.base}:unaccounted"
+
+    @property
     def dead_letters(self) -> str:
         """Hash: prompt id -> msgpack dead letter (`common/dead_letters.py`: payload, error class, message,
         attempts, ...)."""
@@ -82,6 +89,24 @@ KOMBU_UNACKED_INDEX = "unacked_index"
 LEASES = f"{PREFIX}:leases"
 # Only one reaper scans at a time, fleet-wide.
 REAPER_LOCK = f"{PREFIX}:reaper-lock"
+# Zset: transit list (`transit_list`) -> unix time its worker last showed it is alive. Written by
+# `workers/transit.py` only, as are the lists.
+TRANSITS = f"{PREFIX}:transits"
+# Set while one worker's reaper checks for prompts lost in transit, for as long as the check interval
+# (`workers/unaccounted.py`, its writer): one check per interval, fleet-wide.
+UNACCOUNTED_CHECK = f"{PREFIX}:unaccounted-check"
+
+
+def transit_list(queue: str, consumer: str) -> str:
+    """List: what one consumer (a worker's kombu channel) took off `queue` and has not yet recorded
+    as unacked, normally empty; its message moves atomically from the queue to here (BLMOVE) and on
+    to `unacked` (workers/broker.py)."""
+    return f"{PREFIX}:transit:{queue}:{consumer}"
+
+
+def transit_queue(key: str) -> str:
+    """The queue a transit list's messages came from."""
+    return key.split(":")[2]
 # Zset: worker name -> unix time of its latest beacon; the beacon itself is `worker_beacon(name)`.
 WORKER_BEACONS = f"{PREFIX}:workers"
 

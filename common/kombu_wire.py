@@ -9,9 +9,10 @@ Relied on, as installed (celery 5.7.0, kombu 5.7.0):
   stored envelope is `{body, content-encoding, content-type, headers, properties}`, the body
   base64-encoded (`properties.body_encoding`), with `delivery_tag` and `delivery_info` added.
 - kombu/transport/redis.py, `Channel._put`: a queue list holds the envelope as JSON (LPUSH, consumed
-  with BRPOP); `QoS.append`: the `unacked` hash maps a delivery tag to JSON `[envelope, exchange,
-  routing_key]`; `QoS.restore_by_tag` / `Channel._do_restore_message`: a restored message is marked
-  `redelivered` in its headers and delivery_info and RPUSHed back onto its queue.
+  with BRPOP; by genfleet's workers with BLMOVE onto a transit list, as is: workers/broker.py);
+  `QoS.append`: the `unacked` hash maps a delivery tag to JSON `[envelope, exchange, routing_key]`;
+  `QoS.restore_by_tag` / `Channel._do_restore_message`: a restored message is marked `redelivered`
+  in its headers and delivery_info and RPUSHed back onto its queue.
 
 Decoding accepts msgpack bodies only: any other content type (pickle above all) is never deserialised,
 as the workers' `accept_content` refuses it too (tests/e2e/test_deploy_rehearsal.py).

@@ -10,6 +10,13 @@ PARTITIONS = (SHORT, LONG)
 # Requests in flight per SGLang host, per pool: long prompts hold far more KV cache each.
 IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
 
+# `enqueue` keeps each queue at most this deep by default (`--max-queue-depth`): the slots of a
+# 100-host fleet, i.e. one prompt per stream of a 100-host fleet is waiting (minutes of work, as each
+# stream takes minutes) while Redis holds a bounded amount: a queued message is ~1.4 KB plus ~11.5 bytes
+# per prompt token (docs/running.md), so ~0.2-0.4 GB short and ~0.3-1.2 GB long at typical lengths.
+QUEUE_DEPTH_HOSTS = 100
+DEFAULT_QUEUE_DEPTH = {pool: slots * QUEUE_DEPTH_HOSTS for pool, slots in IN_FLIGHT_PER_HOST.items()}
+
 GENERATE_TASK = "genfleet.generate"
 
 # Each queue gets its own direct exchange: sharing the default one would route both keys alike.

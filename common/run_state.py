@@ -12,7 +12,7 @@ so ten million prompts cost a few megabytes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -37,6 +37,7 @@ COUNTER_FIELDS = (
     "integrity",
 )
 
+_SUSPECTS = "suspects:"  # field prefix in the run's `unaccounted` hash
 # The scripts live beside this module as files (as dramatiq keeps its broker's Lua scripts).
 _MARK_DONE = resources.files(__package__).joinpath("mark_done.lua").read_text(encoding="utf-8")
 _PUBLISH = resources.files(__package__).joinpath("publish.lua").read_text(encoding="utf-8")
@@ -223,6 +224,29 @@ class RunState:
         """Prompt id -> the stored document of its dead letter (`DeadLetter.to_dict`)."""
         return {letter.id: letter.to_dict() for letter in self.read_dead_letters()}
 
+    # --- the workers' check for lost prompts (workers/unaccounted.py) --------------------
+    def record_unaccounted(self, found: Mapping[str, set[int]]) -> dict[str, set[int]]:
+        """One check's rows per dataset that no message holds and are neither done nor dead. Returns
+        (and records, for `unaccounted`) those the previous check found too; forgets the rest."""
+        previous = {_text(f)[len(_SUSPECTS):]: v for f, v in self.redis.hgetall(self.keys.unaccounted).items()
+                    if _text(f).startswith(_SUSPECTS)}
+        confirmed = {ds: both for ds, rows in found.items()
+                     if (both := rows & set(bitmaps.set_rows(previous.get(ds, b""))))}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.unaccounted)
+        for dataset, rows in found.items():
+            if rows:
+                pipe.hset(self.keys.unaccounted, f"{_SUSPECTS}{dataset}", bitmaps.from_rows(rows))
+        for dataset, rows in confirmed.items():
+            pipe.hset(self.keys.unaccounted, dataset, len(rows))
+        pipe.execute()
+        return confirmed
+
+    def unaccounted(self) -> dict[str, int]:
+        """Dataset -> prompts lost: neither queued, running, done, dead, rejected nor skipped."""
+        return {_text(f): int(v) for f, v in self.redis.hgetall(self.keys.unaccounted).items()
+                if not _text(f).startswith(_SUSPECTS)}
+
     # --- readers -------------------------------------------------------------------------
     def manifest(self) -> dict[str, str]:
         return self.run_manifest.fields()
@@ -253,9 +277,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, *, timeout_s: float | None = None) -> redis.Redis:
     """A client sized for a threads pool (every in-flight task may touch Redis at the end of its
-    stream) that rides out a Redis restart: commands retry with backoff for about two minutes."""
+    stream) that rides out a Redis restart: commands retry with backoff for about two minutes.
+    With `timeout_s` (an operator's command, e.g. `genfleet status`): no retry, and connecting or
+    any one command fails after that many seconds."""
+    if timeout_s is not None:
+        return redis.Redis.from_url(verify_tls_by_default(url), socket_connect_timeout=timeout_s,
+                                    socket_timeout=timeout_s, retry=Retry(ExponentialBackoff(), retries=0))
     return redis.Redis.from_url(
         verify_tls_by_default(url), max_connections=512, health_check_interval=30, socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=5.0, base=0.2), retries=30),

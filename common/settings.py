@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     lease_ttl_s: float = 60.0
     lease_heartbeat_s: float = 15.0
     reaper_interval_s: float = 10.0
+    # How often (fleet-wide) a worker's reaper checks for prompts nobody holds: enqueued, yet neither
+    # queued, in transit, running, done nor dead (workers/unaccounted.py); `status` shows them. 0: never.
+    unaccounted_check_interval_s: float = 300.0
     # On SIGTERM running streams may finish for this long; the rest are re-queued.
     shutdown_grace_s: float = 30.0
     # Circuit breaker per upstream: opens after this many consecutive failures...
@@ -86,7 +89,8 @@ class Settings(BaseSettings):
     enqueue_batch_rows: int = 1024
     # Producer: keep each queue at most this many messages deep (0: no limit); it waits for the
     # workers to drain and streams the rest, so a huge dataset never sits in Redis at once.
-    max_queue_depth: int = 0
+    # None: `common.queues.DEFAULT_QUEUE_DEPTH` (15,000 short, 3,200 long).
+    max_queue_depth: int | None = None
 
     def in_flight(self) -> int:
         """Requests a worker keeps in flight over all its upstreams: `concurrency`, or the pool's

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.names import check_name, inside
+
 SHARD_SUFFIX = ".jsonl"
 OPEN_SUFFIX = ".open"
 
 
 def shard_dir(root: Path, run: str, dataset: str) -> Path:
-    """Where one worker's (and every other worker's) shards of a run's dataset go."""
-    return root / run / dataset
+    """Where one worker's (and every other worker's) shards of a run's dataset go. `UnsafeName` for a
+    run or dataset name that breaks `common/names.py`'s rule or would lead outside `root`."""
+    return inside(root, check_name("run", run), check_name("dataset", dataset))
 
 
 def open_shard_name(worker: str, seq: int) -> str:

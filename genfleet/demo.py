@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -93,8 +94,12 @@ def main() -> None:
     redis_port, sim_port = free_port(), free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     run = time.strftime("demo-%Y%m%d-%H%M%S")
+    # Flower runs only behind basic auth (docs/running.md): the demo makes a password unless given one.
+    flower_auth = os.environ.get("GENFLEET_FLOWER_AUTH") or f"demo:{secrets.token_hex(8)}"
     env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
-           "PYTHONUNBUFFERED": "1"}
+           # The demo's records are small: a laptop with little free disk still runs it.
+           "GENFLEET_MIN_FREE_DISK_MB": "16",
+           "GENFLEET_FLOWER_AUTH": flower_auth, "PYTHONUNBUFFERED": "1"}
     datasets = _sample_datasets(workdir / "data", args.scale)
 
     processes = Processes(logs, env)
@@ -104,7 +109,7 @@ def main() -> None:
         sim_url = f"http://127.0.0.1:{sim_port}"
         metrics_ports = _start_fleet(processes, sim_port, sim_url, args.flower_port)
         console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · "
-                      f"Flower http://127.0.0.1:{args.flower_port} · logs {logs}")
+                      f"Flower http://127.0.0.1:{args.flower_port} (user:password {flower_auth}) · logs {logs}")
         console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
                                                   for pool, port in metrics_ports.items()))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import redis
 import typer
@@ -39,10 +39,12 @@ from producer.run_file import RunFileError, load_run_file
 from producer.summary import (
     dry_run_table,
     print_rejections,
+    queue_depth_table,
     rejections_table,
     results_table,
 )
 from producer.templating import PromptTemplater
+from producer.validation import flag_problems, run_name_problem
 
 console = Console(stderr=True)
 
@@ -90,7 +92,8 @@ def enqueue_command(
     max_tokens_per_dataset: Annotated[int | None, typer.Option(
         help="Completion-token budget per dataset, enforced by the workers")] = None,
     max_queue_depth: Annotated[int | None, typer.Option(
-        help="Keep each queue at most this deep, waiting for workers to drain it (0: no limit)")] = None,
+        help="Keep each queue at most this deep, waiting for workers to drain it (default 15,000 short, "
+             "3,200 long; 0: no limit)")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Rows per batch; each batch is published atomically")] = None,
     new_run: Annotated[bool, typer.Option(
         "--new-run", help="If the run exists with another config, enqueue into a fresh run "
@@ -103,14 +106,21 @@ def enqueue_command(
     redis_url: Annotated[str | None, typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
     """Template, count and enqueue each prompt of the datasets once (re-runs add only what is new)."""
+    pairs = _pairs(sampling, "--sampling")
+    flags = _given(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, sampling_seed=seed)
+    _refuse(flag_problems({
+        "--long-threshold": long_threshold, "--max-new-tokens-short": max_new_tokens_short,
+        "--max-new-tokens-long": max_new_tokens_long, "--max-new-tokens": max_new_tokens,
+        "--context-length": context_length, "--max-prompts": max_prompts,
+        "--max-tokens-per-dataset": max_tokens_per_dataset, "--max-queue-depth": max_queue_depth,
+        "--batch-size": batch_size}, pairs, flags))
     cli = CliOptions(
         datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
         redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold,
         max_new_tokens_short=max_new_tokens_short,
         max_new_tokens_long=max_new_tokens_long, max_new_tokens=max_new_tokens, context_length=context_length,
         context_rule=context_rule,
-        sampling={**_pairs(sampling, "--sampling"),
-                  **_given(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, sampling_seed=seed)},
+        sampling={**pairs, **flags},
         chat_template_kwargs=_pairs(chat_template_kwarg, "--chat-template-kwarg"), thinking=thinking,
         regenerate=regenerate, keep_token_ids=keep_token_ids, row_format=format, prompt_field=prompt_field,
         max_prompts=max_prompts, max_tokens_per_dataset=max_tokens_per_dataset, max_queue_depth=max_queue_depth,
@@ -126,8 +136,7 @@ def enqueue_command(
         else:
             _enqueue(config, templater, new_run=new_run, recover_lost=recover_lost)
     except (ConfigError, RunFileError, DatasetReadError, ConfigChanged, TokenizerNotFoundError) as error:
-        console.print(f"[red]error:[/] {escape(str(error))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        _refuse([str(error)])
     except redis.RedisError as error:
         # Every batch published so far is complete and marked: running the command again resumes.
         console.print(f"[red]error:[/] Redis: {escape(str(error))} (every batch published so far is complete: "
@@ -139,6 +148,8 @@ def _enqueue(config: RunConfig, templater: PromptTemplater, *, new_run: bool, re
     client = connect(config.redis_url)
     identity = RunIdentity.of(config, tokenizer_fingerprint(config.tokenizer))
     run = resolve_run(client, config, identity, new_run=new_run)
+    if run != config.run and (problem := run_name_problem(run)):
+        raise ConfigError(f"--new-run: {problem}; pick a shorter --run")
     if recover_lost:
         lost = find_lost_rows(client, run, [dataset.name for dataset in config.datasets])
         for name, rows in lost.items():
@@ -172,6 +183,7 @@ def _dry_run(config: RunConfig, templater: PromptTemplater) -> None:
             reports.append(_one_dataset(config, config.run, dataset, templater, destination, progress))
     out = Console()
     out.print(dry_run_table(reports))
+    out.print(queue_depth_table(reports, config.max_queue_depth))
     rejected = rejections_table(reports)
     if rejected is not None:
         out.print(rejected)
@@ -186,11 +198,24 @@ def _one_dataset(config: RunConfig, run: str, dataset: Any, templater: PromptTem
     return report
 
 
+def _refuse(problems: list[str]) -> None:
+    """Each problem on one line of stderr, then exit 2 (a usage error) before anything is enqueued."""
+    for problem in problems[:-1]:
+        console.print(f"[red]error:[/] {escape(problem)}", soft_wrap=True)
+    if problems:
+        _fail(problems[-1])
+
+
+def _fail(problem: str) -> NoReturn:
+    console.print(f"[red]error:[/] {escape(problem)}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
 def _parse_spec(text: str) -> DatasetSpec:
     try:
         return DatasetSpec.parse(text)
     except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+        _fail(str(error))
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, Any]:
@@ -199,7 +224,7 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, Any]:
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{flag} expects KEY=VALUE, got {item!r}")
+            _fail(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             pairs[key] = json.loads(value)
         except ValueError:

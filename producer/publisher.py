@@ -9,7 +9,7 @@ enqueues exactly the rest.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -38,11 +38,14 @@ WaitCallback = Callable[[str, int, int], None]
 class TaskPublisher:
     """Publishes one run's tasks (an enqueue `Destination`)."""
 
-    def __init__(self, redis_url: str, client: redis.Redis, run: str, *, max_queue_depth: int = 0,
-                 events: bool = True, on_wait: WaitCallback | None = None) -> None:
+    def __init__(self, redis_url: str, client: redis.Redis, run: str, *,
+                 max_queue_depth: int | Mapping[str, int] = 0, events: bool = True,
+                 on_wait: WaitCallback | None = None) -> None:
         self.redis = client
         self.state = RunState(client, run)
-        self.max_queue_depth = max_queue_depth
+        # Per queue (an int: the same for every queue); 0: no limit.
+        self.max_queue_depth = (dict(max_queue_depth) if isinstance(max_queue_depth, Mapping)
+                                else dict.fromkeys(PARTITIONS, max_queue_depth))
         self.on_wait = on_wait
         db = int(client.connection_pool.connection_kwargs.get("db", 0))
         self.event_channel = celery_event_channel(db, EVENT_ROUTING_KEY) if events else ""
@@ -86,14 +89,15 @@ class TaskPublisher:
         self.app.close()
 
     def _room(self, partition: str, wanted: int) -> int:
-        if not wanted or not self.max_queue_depth:
+        limit = self.max_queue_depth.get(partition, 0)
+        if not wanted or not limit:
             return wanted
-        return max(0, min(wanted, self.max_queue_depth - self.queue_depth(partition)))
+        return max(0, min(wanted, limit - self.queue_depth(partition)))
 
     def _wait(self, partitions: list[str]) -> None:
         if self.on_wait is not None:
             for partition in partitions:
-                self.on_wait(partition, self.queue_depth(partition), self.max_queue_depth)
+                self.on_wait(partition, self.queue_depth(partition), self.max_queue_depth.get(partition, 0))
         time.sleep(WAIT_POLL_S)
 
     def _run(self, dataset: str, tasks: list[OutgoingTask], rejections: list[RowRejection],

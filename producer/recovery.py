@@ -2,13 +2,16 @@
 again.
 
 kombu's Redis transport takes a message off its queue with BRPOP and only then records it as
-unacknowledged; a worker SIGKILLed (or OOM-killed) in between loses that message. Such a prompt is
-marked enqueued, is not done and not dead-lettered, and sits in no queue and no unacked set. Clearing
-its enqueued bit (`RunState.release_enqueued`) makes the ordinary enqueue path publish it once more.
+unacknowledged; a worker SIGKILLed (or OOM-killed) in between lost that message. genfleet's workers
+take it onto a transit list instead, which the reaper puts back (workers/transit.py); a message can
+still vanish otherwise (a Redis without AOF restarted, a key deleted by hand), and the workers' check
+then shows its prompt in `genfleet status`. Such a prompt is marked enqueued, is not done and not
+dead-lettered, and sits in no queue, transit list or unacked set. Clearing its enqueued bit
+(`RunState.release_enqueued`) makes the ordinary enqueue path publish it once more.
 
-Run it when the fleet is drained or idle: a message caught in a live worker's BRPOP at the moment of
-the scan would be published twice (the worker that runs second sees the done bit and skips, and
-export dedupes by id anyway).
+Run it when the fleet is drained or idle: a message moving between lists at the moment of the scan
+would be published twice (the worker that runs second sees the done bit and skips, and export
+dedupes by id anyway).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Any
 import redis
 
 from common import kombu_wire
-from common.keys import KOMBU_UNACKED, queue_list
+from common.keys import KOMBU_UNACKED, TRANSITS, queue_list
 from common.queues import PARTITIONS
 from common.run_state import RunState
 
@@ -57,8 +60,10 @@ def _rows_in_flight(client: redis.Redis, run: str) -> dict[str, set[int]]:
 
 
 def _queued_and_unacked(client: redis.Redis) -> Iterator[dict[str, Any]]:
-    for queue in PARTITIONS:
-        key = queue_list(queue)
+    # Transit lists too: what a worker took off a queue and has not recorded as unacked yet, or what
+    # a dead one left there for the reaper to put back (workers/transit.py).
+    transits = [key.decode() if isinstance(key, bytes) else key for key in client.zrange(TRANSITS, 0, -1)]
+    for key in [queue_list(queue) for queue in PARTITIONS] + transits:
         for start in range(0, client.llen(key), SCAN_CHUNK):
             for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
                 yield kombu_wire.decode_queued(raw)

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from common.queues import PARTITIONS
+from common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS
 from common.settings import Settings
 from producer.conversations import ROW_FORMATS
 from producer.run_file import DatasetEntry, RunFile
+from producer.validation import dataset_name_problem, run_name_problem, sampling_problem, settings_problems
 
 T = TypeVar("T")
 CONTEXT_RULES = ("reserve", "clip")
@@ -106,7 +107,7 @@ class RunConfig:
     regenerate: str
     keep_token_ids: bool
     reasoning_parser: str
-    max_queue_depth: int  # 0: unlimited
+    max_queue_depth: dict[str, int]  # per queue; 0: unlimited
     batch_rows: int
 
     def identity(self) -> dict[str, Any]:
@@ -121,6 +122,8 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
     tokenizer = _first(cli.tokenizer, top.tokenizer)
     if not run:
         raise ConfigError("no run id: pass --run R (or `run = \"R\"` in the run file)")
+    if problem := run_name_problem(run):
+        raise ConfigError(problem)
     if not tokenizer:
         raise ConfigError("no tokenizer: pass --tokenizer DIR (or `tokenizer = \"DIR\"` in the run file)")
     context_rule = _first(cli.context_rule, top.context_rule, "reserve")
@@ -131,6 +134,9 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
         raise ConfigError(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
     if cli.row_format is not None and cli.row_format not in ROW_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(ROW_FORMATS)}, not {cli.row_format!r}")
+    if problems := settings_problems(settings):
+        raise ConfigError(problems[0])
+    depth = _first(cli.max_queue_depth, top.max_queue_depth, settings.max_queue_depth)
     return RunConfig(
         run=run, tokenizer=tokenizer,
         redis_url=_first(cli.redis_url, top.redis_url, settings.redis_url),
@@ -140,7 +146,7 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
         context_rule=context_rule, regenerate=regenerate,
         keep_token_ids=_first(cli.keep_token_ids, top.keep_token_ids, False),
         reasoning_parser=settings.reasoning_parser,
-        max_queue_depth=_first(cli.max_queue_depth, top.max_queue_depth, settings.max_queue_depth),
+        max_queue_depth=dict(DEFAULT_QUEUE_DEPTH) if depth is None else {p: depth for p in PARTITIONS},
         batch_rows=_first(cli.batch_size, top.batch_size, settings.enqueue_batch_rows),
     )
 
@@ -152,10 +158,13 @@ def _datasets(cli: CliOptions, top: RunFile, settings: Settings) -> tuple[Datase
         raise ConfigError("no datasets: pass NAME=PATH arguments or [datasets.NAME] tables in a run file")
     configs = []
     for name in names:
-        if "/" in name or ":" in name:
-            raise ConfigError(f"dataset name {name!r} may not contain '/' or ':' (they delimit ids and keys)")
+        if problem := dataset_name_problem(name):
+            raise ConfigError(problem)
         spec, entry = on_command_line.get(name), top.datasets.get(name)
         configs.append(_dataset(name, spec, entry or DatasetEntry(path=str(spec.path)), cli, top, settings))
+        for key, value in configs[-1].sampling.items():
+            if problem := sampling_problem(key, value):
+                raise ConfigError(f"dataset {name!r}, sampling (--sampling or the run file): {problem}")
     return tuple(configs)
 
 

@@ -57,6 +57,27 @@ def dry_run_table(reports: list[DatasetReport]) -> Table:
     return table
 
 
+def queue_depth_table(reports: list[DatasetReport], max_queue_depth: dict[str, int]) -> Table:
+    """Per queue: its depth limit and the Redis memory that limit implies at these prompts' mean
+    message size (what a full queue takes, and the most this run can hold there at once)."""
+    table = Table(title="queues at --max-queue-depth")
+    for column in ("queue", "depth limit", "mean message", "full queue", "this run at most"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for partition in PARTITIONS:
+        prompts = sum(len(r.prompt_tokens[partition]) for r in reports)
+        if not prompts:
+            continue
+        mean = sum(r.message_bytes[partition] for r in reports) / prompts
+        limit = max_queue_depth.get(partition, 0)
+        held = min(limit, prompts) if limit else prompts
+        full = _size(queue_memory_bytes(int(mean * limit), limit)) if limit else "no limit"
+        table.add_row(partition, f"{limit:,}" if limit else "none", _size(int(mean)), full,
+                      _size(queue_memory_bytes(int(mean * held), held)))
+    table.caption = ("Redis memory of the waiting messages (±10 %); a message in flight sits in kombu's "
+                     "unacked table instead")
+    return table
+
+
 def rejections_table(reports: list[DatasetReport]) -> Table | None:
     if not any(r.rejected for r in reports):
         return None

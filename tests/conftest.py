@@ -21,7 +21,8 @@ from helpers.redis_server import RedisServer  # noqa: E402
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"), "--appendonly", "no")
+    # AOF on, as genfleet requires (or workers warn and `status` alarms); never fsynced: a test needs no durability.
+    server = RedisServer(tmp_path_factory.mktemp("redis"), "--appendonly", "yes", "--appendfsync", "no")
     server.start()
     yield server.url
     server.stop()

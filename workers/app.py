@@ -10,7 +10,8 @@ from common.settings import Settings
 
 
 def create_app(settings: Settings) -> Celery:
-    app = Celery("genfleet", broker=settings.redis_url)
+    # kombu's Redis transport, changed where it would lose or re-run a prompt (workers/broker.py).
+    app = Celery("genfleet", broker=settings.redis_url, amqp="workers.broker:AMQP")
     transport = {
         # kombu re-queues an unacked task after this even if it still runs: far above any task.
         "visibility_timeout": settings.visibility_timeout_s,
@@ -18,6 +19,9 @@ def create_app(settings: Settings) -> Celery:
         "unacked_restore_throttle": settings.unacked_restore_throttle,
         "socket_keepalive": True,
         "retry_on_timeout": True,
+        # One list per queue, no priority lists: genfleet never sets a priority, and a worker then
+        # takes its messages with one BLMOVE onto its transit list (workers/broker.py).
+        "priority_steps": [0],
     }
     app.conf.update(
         **SERIALIZATION,
@@ -38,6 +42,9 @@ def create_app(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
+        # A lost broker connection must not stop running streams: their messages stay held under
+        # their leases, and they are acknowledged once done (workers/broker.py).
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         # Publishing a retry must ride out a Redis restart, not fail the task.
         task_publish_retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
                                    "interval_max": 3},

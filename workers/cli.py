@@ -3,12 +3,15 @@ with genfleet's settings, so every pool and Flower share one configuration."""
 from __future__ import annotations
 
 import logging
-import os
-from typing import Annotated, Any, Optional
+import sys
+from typing import Annotated, Any, NoReturn, Optional
+from urllib.parse import urlsplit
 
+import redis
 import typer
 
 from common.queues import PARTITIONS
+from common.redis_checks import durability_problems
 from common.settings import Settings
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
@@ -31,9 +34,15 @@ def worker_command(
 ) -> None:
     """Run a Celery worker (threads pool) that streams completions for one queue."""
     if pool not in PARTITIONS:
-        raise typer.BadParameter(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
+        usage_error(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
+    if concurrency is not None and concurrency < 1:
+        usage_error(f"--concurrency must be at least 1, got {concurrency}")
     settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, api=api, tokenizer=tokenizer,
                              redis_url=redis_url, metrics_port=metrics_port)
+    for url in settings.upstreams:  # a bad URL fails here, not on every attempt
+        if problem := upstream_problem(url):
+            usage_error(f"--upstream {url!r}: {problem}")
+    warn_about_redis(settings.redis_url)
     # One INFO line per HTTP request would drown the task log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from workers.lifecycle import run_worker  # Celery's worker machinery loads only here
@@ -43,31 +52,81 @@ def worker_command(
 
 def flower_command(
     port: Annotated[int, typer.Option(help="Port of the Flower web UI")] = 5555,
-    address: Annotated[str, typer.Option(help="Bind address (keep 127.0.0.1 without auth)")] = "127.0.0.1",
+    address: Annotated[str, typer.Option(help="Bind address (0.0.0.0: every interface)")] = "127.0.0.1",
     max_tasks: Annotated[int, typer.Option(help="Tasks kept in memory for the task list")] = 20000,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
 ) -> None:
-    """Run Flower on the workers' own Celery app (same queues and visibility timeout)."""
+    """Run Flower on the workers' own Celery app (same queues and visibility timeout), behind basic
+    auth (GENFLEET_FLOWER_AUTH=user:password)."""
+    settings = settings_with(redis_url=redis_url)
+    # Flower 2.2.0 without auth either refuses its API or, with FLOWER_UNAUTHENTICATED_API, opens it
+    # to every web page (CORS `*`, no XSRF check: flower/views/__init__.py); its cross-site checks
+    # run only when auth is configured. So genfleet's Flower always has a password.
+    if problem := flower_auth_problem(settings.flower_auth):
+        usage_error(problem)
     from workers.app import create_app
 
-    settings = settings_with(redis_url=redis_url)
     argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
-            "--purge_offline_workers=600",
+            "--purge_offline_workers=600", f"--basic-auth={settings.flower_auth}",
             # Flower's default columns hide args, result and exception: the per-task id and size,
             # the summary with tok/s, and why a task failed are what an operator looks for.
             f"--tasks_columns={FLOWER_TASK_COLUMNS}",
             # Its runtime histogram stops at 10 s by default; our tasks run for minutes.
             "--task_runtime_metric_buckets=" + ",".join(str(b) for b in FLOWER_RUNTIME_BUCKETS)]
-    if settings.flower_auth:
-        argv.append(f"--basic-auth={settings.flower_auth}")
-    else:
-        # Flower refuses its API without auth; on loopback the API is fine for local use.
-        if address not in ("127.0.0.1", "localhost", "::1"):
-            raise typer.BadParameter("set GENFLEET_FLOWER_AUTH=user:password to bind Flower beyond loopback")
-        # Flower reads this from the environment only (flower/views/__init__.py, 2.2.0): it is
-        # Flower's own switch, not a genfleet setting.
-        os.environ.setdefault("FLOWER_UNAUTHENTICATED_API", "true")
     create_app(settings).start(argv=argv)
+
+
+def flower_auth_problem(auth: str | None) -> str | None:
+    """Why GENFLEET_FLOWER_AUTH cannot protect Flower, or None: it must be exactly one `user:password`.
+    Flower splits its basic-auth value on commas, so `admin:abc,xyz` would let a bare `xyz` in."""
+    if not auth:
+        return ("GENFLEET_FLOWER_AUTH is not set: genfleet flower runs only behind basic auth, e.g. "
+                "GENFLEET_FLOWER_AUTH=\"admin:$(openssl rand -hex 16)\"")
+    user, colon, password = auth.partition(":")
+    if "," in auth:
+        return ("GENFLEET_FLOWER_AUTH holds a comma: it must be one user:password (Flower splits the value on "
+                "commas, so each part would be accepted as a credential of its own)")
+    if not colon or not user or not password:
+        return "GENFLEET_FLOWER_AUTH must be user:password, with a user and a password both non-empty"
+    if any(c.isspace() or not c.isprintable() for c in auth):
+        return "GENFLEET_FLOWER_AUTH may not hold spaces or control characters"
+    return None
+
+
+def upstream_problem(url: str) -> str | None:
+    """Why `url` is not an SGLang base URL (http:// or https:// and a host), or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as error:
+        return f"not a URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https:// (e.g. http://gpu1:30000)"
+    if not parts.hostname:
+        return "has no host (e.g. http://gpu1:30000)"
+    return None
+
+
+def warn_about_redis(url: str) -> None:
+    """A warning per way the broker may lose prompts (no noeviction, no AOF: common/redis_checks.py).
+    Logging is not set up yet (Celery does it), so the lines go to stderr as they are."""
+    from common.run_state import connect
+
+    client = connect(url, timeout_s=5.0)
+    try:
+        problems = durability_problems(client)
+    except redis.RedisError as error:
+        problems = [f"could not check Redis's maxmemory-policy and AOF: {error or type(error).__name__}"]
+    finally:
+        client.close()
+    for problem in problems:
+        print(f"WARNING genfleet: {problem}", file=sys.stderr, flush=True)
+
+
+def usage_error(message: str) -> NoReturn:
+    """A one-line error on stderr and exit status 2, like a bad flag."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise typer.Exit(2)
 
 
 def settings_with(**flags: Any) -> Settings:

@@ -16,11 +16,13 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
 from common import kombu_wire
 from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK, queue_list
+from workers import transit, unaccounted
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +30,14 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     """Holds leases for the delivery tags this worker process has received and not yet finished."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float) -> None:
+    def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float,
+                 in_hand: Callable[[str], bool] = lambda _task_id: True) -> None:
         self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
         self._held: dict[str, str] = {}  # task id -> delivery tag
+        # Whether this process will still run (or is running) a task: Celery forgets the requests
+        # it had not started when its broker connection drops (a countdown retry waiting for its
+        # time), and those messages, left unacked, must lapse to the reaper.
+        self.in_hand = in_hand
         # Tags of finished tasks whose lease is dropped once kombu no longer holds the message
         # (acked, or given back): the lease zset holds only messages in hand.
         self._released: set[str] = set()
@@ -74,6 +81,7 @@ class LeaseKeeper:
         with self._lock:
             for task_id in held.keys() - alive.keys():
                 self._held.pop(task_id, None)
+        alive = {task_id: tag for task_id, tag in alive.items() if self.in_hand(task_id)}
         if alive:
             self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s for tag in alive.values()})
 
@@ -102,11 +110,18 @@ class LeaseKeeper:
 class Reaper:
     """Re-queues unacknowledged messages whose lease expired (their worker died)."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: float, interval_s: float) -> None:
+    def __init__(self, client: redis.Redis, *, ttl_s: float, interval_s: float, restart_grace_s: float = 0.0,
+                 unaccounted_interval_s: float = 0.0) -> None:
         self.redis, self.ttl_s, self.interval_s = client, ttl_s, interval_s
+        # No lease is judged this soon after Redis comes back (the workers pass their lease TTL).
+        self.restart_grace_s = restart_grace_s
+        # How often, fleet-wide, a reaper checks for prompts nobody holds (0: never).
+        self.unaccounted_interval_s = unaccounted_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-reaper", daemon=True)
         self._token = uuid.uuid4().hex
+        # When this reaper last found Redis unreachable (monotonic): see `_leases_trusted`.
+        self._outage_at = float("-inf")
 
     def start(self) -> None:
         self._thread.start()
@@ -115,10 +130,17 @@ class Reaper:
         self._stop.set()
 
     def reap_once(self) -> list[str]:
-        """Restores every expired message; returns their delivery tags."""
+        """Restores every expired message, and puts back what dead consumers left in transit;
+        returns the delivery tags restored."""
+        transit.renew(self.redis)  # this process's consumers are alive
+        asked = time.monotonic()
         if not self.redis.set(REAPER_LOCK, self._token, nx=True, ex=max(int(self.interval_s * 3), 5)):
             return []
+        if time.monotonic() - asked > min(self.interval_s, 5.0):  # the client retried through an outage
+            self._outage_at = time.monotonic()
         try:
+            if not self._leases_trusted():
+                return []
             now = time.time()
             # Only messages fetched more than a lease ago: a fresh one may not have its lease yet.
             candidates = self.redis.zrangebyscore(KOMBU_UNACKED_INDEX, 0, now - self.ttl_s)
@@ -131,10 +153,27 @@ class Reaper:
                 if self._restore(tag):
                     restored.append(tag)
             self._forget_orphans(now)
+            transit.return_stranded(self.redis, self.ttl_s)
+            if self.unaccounted_interval_s:
+                try:
+                    unaccounted.check_if_due(self.redis, self.unaccounted_interval_s)
+                except Exception:  # noqa: BLE001 - a report must never stop the reaper
+                    log.exception("the check for unaccounted prompts failed")
             return restored
         finally:
             if self.redis.get(REAPER_LOCK) == self._token.encode():
                 self.redis.delete(REAPER_LOCK)
+
+    def _leases_trusted(self) -> bool:
+        """Whether a lapsed lease means a dead worker. Not within `restart_grace_s` of Redis coming
+        back (a restart, or an outage this reaper saw): no worker could renew while Redis was away,
+        and restoring then would hand every running task to a second worker. Given a lease's time,
+        every live worker's heartbeat has renewed its leases."""
+        if not self.restart_grace_s:
+            return True
+        if time.monotonic() - self._outage_at < self.restart_grace_s:
+            return False
+        return float(self.redis.info("server").get("uptime_in_seconds", 0)) >= self.restart_grace_s
 
     def _forget_orphans(self, now: float) -> None:
         """Leases lapsed a while ago whose message kombu no longer holds: a worker that died after
@@ -186,4 +225,5 @@ class Reaper:
             try:
                 self.reap_once()
             except redis.RedisError as error:
+                self._outage_at = time.monotonic()
                 log.warning("reaper pass failed: %s", error)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from celery.worker import state as celery_state
 
 from common.run_state import RunState, connect
 from common.settings import Settings
@@ -66,8 +67,11 @@ class WorkerRuntime:
             splitter=CompletionSplitter(settings.reasoning_parser, tokenizer,
                                         skip_special_tokens=settings.skip_special_tokens),
             redis=client_redis,
-            leases=LeaseKeeper(client_redis, ttl_s=settings.lease_ttl_s, heartbeat_s=settings.lease_heartbeat_s),
-            reaper=Reaper(client_redis, ttl_s=settings.lease_ttl_s, interval_s=settings.reaper_interval_s),
+            leases=LeaseKeeper(client_redis, ttl_s=settings.lease_ttl_s, heartbeat_s=settings.lease_heartbeat_s,
+                               in_hand=celery_state.requests.__contains__),
+            reaper=Reaper(client_redis, ttl_s=settings.lease_ttl_s, interval_s=settings.reaper_interval_s,
+                          restart_grace_s=settings.lease_ttl_s,
+                          unaccounted_interval_s=settings.unaccounted_check_interval_s),
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
         )
 

@@ -75,9 +75,15 @@ def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
         if status.workers == 0:
             lines.append(f"no live worker (no beacon in the last 10 s) while {pending:,} prompts are pending: "
                          "start `genfleet worker --pool short|long --upstream URL`")
+    lines += status.redis_problems  # no noeviction or no AOF: a restart or full memory loses prompts
     for problem in status.disk_problems:
         lines.append(f"worker {problem}: it takes no new prompts until it can write (free space, the "
                      "output volume, permissions); its prompts wait in the queue, nothing is dead-lettered")
+    if lost := sum(status.unaccounted.values()):
+        where = ", ".join(f"{dataset} {count:,}" for dataset, count in sorted(status.unaccounted.items()))
+        lines.append(f"lost: {lost:,} prompts are neither queued, running, done, dead, rejected nor skipped "
+                     f"({where}): their messages are gone; publish them again with `genfleet enqueue --run "
+                     f"{status.run} --recover-lost DATASETS...`")
     for upstream in status.upstreams:
         if upstream.down_in:
             lines.append(f"upstream {upstream.url} is down (circuit open in {upstream.down_in} of "

@@ -16,6 +16,7 @@ from common import beacons, rates
 from common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
 from common.length_histogram import LengthHistogram
 from common.queues import PARTITIONS
+from common.redis_checks import durability_problems
 from common.run_state import RunState
 from genfleet.status.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
 from genfleet.status.snapshot import (
@@ -71,6 +72,8 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
         upstreams=_upstreams(live), workers=len(live), created_at=created_at, first_finished=first,
         last_finished=last, totals=_totals(progress, datasets, window_counts, histograms),
         disk_problems=[f"{b.name}: {b.disk_problem}" for b in live if b.disk_problem],
+        unaccounted=RunState(client, run).unaccounted(),
+        redis_problems=durability_problems(client),
     )
 
 

@@ -121,6 +121,7 @@ def status_json(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS) -> 
         "created_at": status.created_at, "first_finished": status.first_finished,
         "last_finished": status.last_finished, "workers": status.workers,
         "queued": status.progress.queued, "unacked": status.progress.unacked,
+        "unaccounted": status.unaccounted,
         "datasets": [dataset_json(row) for row in status.datasets],
         "totals": dataset_json(status.totals),
         "partitions": [{"partition": p.partition, "queued": p.queued, "in_flight": p.in_flight, "slots": p.slots,

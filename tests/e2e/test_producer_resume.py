@@ -26,7 +26,9 @@ def test_producer_sigkilled_half_way_then_rerun_enqueues_every_prompt_exactly_on
                                                                                    tmp_path):
     total = 20_000
     data = write_jsonl(tmp_path / "big.jsonl", [{"prompt": f"question number {i}"} for i in range(total)])
-    command = genfleet_enqueue(redis_url, "--run", "kill", "--batch-size", "50", f"big={data}")
+    # No workers drain the queue: without a depth limit, or the default one would hold the re-run.
+    command = genfleet_enqueue(redis_url, "--run", "kill", "--batch-size", "50", "--max-queue-depth", "0",
+                               f"big={data}")
     producer = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def a_fifth_queued() -> bool:

@@ -112,7 +112,7 @@ def test_a_corrupted_stream_is_counted_retried_and_never_written(corruption, fle
 
 def test_a_stream_that_is_always_corrupt_is_dead_lettered_as_integrity(fleet, tmp_path):
     write_dataset(tmp_path / "d.jsonl", range(3))
-    fleet.configure(max_attempts=2, retry_backoff_s=0.05, retry_backoff_max_s=0.1)
+    fleet.configure(max_attempts=2, retry_backoff_s=0.05, retry_backoff_max_s=0.1, breaker_failures=1000)
     with SimProcess("--length-tokens", "40:60", "--rate", "5000", "--miscount-rate", "1") as sim:
         fleet.start_worker("short", sim.url)
         fleet.enqueue("d", f"d={tmp_path / 'd.jsonl'}")

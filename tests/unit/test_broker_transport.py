@@ -1,0 +1,206 @@
+"""genfleet's kombu Redis transport (`workers/broker.py`, `workers/transit.py`) against a real Redis:
+a message goes from its queue through the consumer's transit list into `unacked` and is never only in
+a worker's memory; what a dead consumer left in transit goes back to its queue; a channel closed by a
+lost connection restores nothing and does not crash, and its messages can still be acknowledged."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import redis
+from helpers.kombu_messages import encoder
+from helpers.redis_server import RedisServer
+from kombu import Connection, Consumer, Exchange, Queue
+from kombu.message import Message
+
+from common.keys import KOMBU_UNACKED, LEASES, TRANSITS
+from common.queues import QUEUES, SHORT
+from workers import broker, transit
+from workers.leases import LeaseKeeper, Reaper
+
+GENFLEET = dict(transport="workers.broker:Transport", transport_options={"priority_steps": [0]})
+STOCK = dict(transport_options={"priority_steps": [0]})  # kombu 5.7.0's own Redis transport
+
+
+def queue_message(client, row: int = 1) -> str:
+    """Queues one task message as the producer does; returns its delivery tag."""
+    payload = {"run": "r", "dataset": "d", "row": row, "id": f"d/{row}"}
+    _task_id, raw = encoder().encode(payload, SHORT, payload["id"])
+    client.lpush(SHORT, raw)
+    return _tag(raw)
+
+
+def _tag(raw: bytes) -> str:
+    return json.loads(raw)["properties"]["delivery_tag"]
+
+
+@contextmanager
+def consumer(url: str, **transport) -> Iterator[tuple[Connection, list[Message]]]:
+    """A consumer of the short queue, as a worker's (prefetch unlimited); yields what it received.
+    Closed afterwards whatever state the test left it in."""
+    received: list[Message] = []
+    short = next(queue for queue in QUEUES if queue.name == SHORT)
+    connection = Connection(url, **transport)
+    Consumer(connection.default_channel, queues=[Queue(short.name, short.exchange, short.routing_key)],
+             callbacks=[lambda _body, message: received.append(message)], accept=["msgpack"]).consume()
+    # Celery's remote-control mailbox: a second channel, consuming a fanout queue deleted on close.
+    mailbox = Exchange("test.pidbox", type="fanout")
+    Consumer(connection.channel(), queues=[Queue("worker.test.pidbox", mailbox, auto_delete=True)],
+             callbacks=[lambda *_: None], accept=["json"]).consume()
+    try:
+        yield connection, received
+    finally:
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001 - the test may have broken it on purpose
+            pass
+
+
+def drain(connection: Connection, seconds: float = 0.3) -> None:
+    """Runs the consumer's event loop for `seconds` (it ends with a blocking pop pending)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            connection.drain_events(timeout=left)
+        except TimeoutError:
+            return
+
+
+def transit_lists(client) -> list[bytes]:
+    return client.zrange(TRANSITS, 0, -1)
+
+
+def test_a_message_goes_from_its_queue_through_a_transit_list_into_unacked(redis_client, redis_url):
+    tag = queue_message(redis_client)
+    with consumer(redis_url, **GENFLEET) as (connection, received):
+        drain(connection)
+        assert [m.delivery_tag for m in received] == [tag]
+        assert redis_client.hexists(KOMBU_UNACKED, tag) and redis_client.llen(SHORT) == 0
+        [key] = transit_lists(redis_client)
+        assert redis_client.llen(key) == 0, "recorded as unacked and out of transit in one MULTI"
+        received[0].ack()
+        assert not redis_client.hexists(KOMBU_UNACKED, tag)
+
+
+def test_a_consumer_killed_between_the_pop_and_unacked_loses_nothing(redis_client, redis_url, monkeypatch):
+    tag = queue_message(redis_client)
+
+    def killed(*_args):  # the process dies right after BLMOVE, before recording the message
+        raise SystemExit("SIGKILL")
+
+    monkeypatch.setattr(broker.QoS, "append", killed)
+    with pytest.raises(SystemExit), consumer(redis_url, **GENFLEET) as (connection, _received):
+        drain(connection)
+    monkeypatch.undo()
+    [key] = transit_lists(redis_client)
+    assert redis_client.llen(SHORT) == 0 and not redis_client.hexists(KOMBU_UNACKED, tag)
+    assert redis_client.llen(key) == 1, "the message waits in the dead consumer's transit list"
+
+    reaper = Reaper(redis_client, ttl_s=5, interval_s=1)
+    reaper.reap_once()
+    assert redis_client.llen(key) == 1, "left alone while its consumer may be alive"
+    redis_client.zadd(TRANSITS, {key: time.time() - 6})  # nobody renewed it for a lease
+    reaper.reap_once()
+    assert _tag(redis_client.lindex(SHORT, -1)) == tag, "back at the head of its queue"
+    assert not redis_client.exists(key) and not transit_lists(redis_client)
+
+
+def test_kombus_own_transport_loses_a_message_in_the_same_window(redis_client, redis_url, monkeypatch):
+    queue_message(redis_client)
+    monkeypatch.setattr(broker.kombu_redis.QoS, "append", lambda *_: (_ for _ in ()).throw(SystemExit("SIGKILL")))
+    with pytest.raises(SystemExit), consumer(redis_url, **STOCK) as (connection, _received):
+        drain(connection)
+    assert redis_client.llen(SHORT) == 0 and redis_client.hlen(KOMBU_UNACKED) == 0  # gone
+
+
+def test_an_open_channel_renews_its_transit_list_and_a_closed_one_stops(redis_client, redis_url):
+    with consumer(redis_url, **GENFLEET) as (connection, _received):
+        drain(connection, 0.1)
+        [key] = transit_lists(redis_client)
+        redis_client.zadd(TRANSITS, {key: 0})
+        transit.renew(redis_client)
+        assert redis_client.zscore(TRANSITS, key) > time.time() - 5
+    redis_client.zadd(TRANSITS, {key: 0})
+    transit.renew(redis_client)
+    assert redis_client.zscore(TRANSITS, key) == 0
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server this test may stop and start again, AOF on (its data survives)."""
+    server = RedisServer(tmp_path / "redis", "--appendonly", "yes")
+    server.start()
+    yield server
+    server.kill()
+
+
+def lose_connection(connection: Connection, server: RedisServer) -> None:
+    """What Celery's consumer does on a connection loss (celery/worker/consumer/consumer.py:466-487),
+    with a BRPOP (or BLMOVE) outstanding when Redis went away."""
+    drain(connection, 0.1)  # sends the blocking pop, which is still pending
+    server.stop()
+    connection.collect(socket_timeout=5)
+    connection.close()
+
+
+def test_kombus_own_transport_crashes_on_a_lost_connection_with_a_message_held(own_redis):
+    client = redis.Redis.from_url(own_redis.url)
+    queue_message(client)
+    with consumer(own_redis.url, **STOCK) as (connection, received):
+        drain(connection)
+        assert received
+        with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'hostname'"):
+            lose_connection(connection, own_redis)
+
+
+def test_a_lost_connection_restores_nothing_and_a_late_ack_still_lands(own_redis):
+    client = redis.Redis.from_url(own_redis.url)
+    tag = queue_message(client)
+    with consumer(own_redis.url, **GENFLEET) as (connection, received):
+        drain(connection)
+        lose_connection(connection, own_redis)  # no AttributeError
+        own_redis.start()
+        client = redis.Redis.from_url(own_redis.url)
+        assert client.hexists(KOMBU_UNACKED, tag) and client.llen(SHORT) == 0, "held, not handed to another worker"
+        received[0].ack()  # the task finished after the reconnect: its message names the closed channel
+        assert not client.hexists(KOMBU_UNACKED, tag)
+
+
+def test_an_ack_while_redis_is_down_fails_as_a_connection_error_and_the_message_stays_held(own_redis):
+    client = redis.Redis.from_url(own_redis.url)
+    tag = queue_message(client)
+    with consumer(own_redis.url, **GENFLEET) as (connection, received):
+        drain(connection)
+        lose_connection(connection, own_redis)
+        with pytest.raises(tuple(connection.connection_errors)):
+            received[0].ack()
+        own_redis.start()
+        assert redis.Redis.from_url(own_redis.url).hexists(KOMBU_UNACKED, tag)  # the lease path settles it
+
+
+def test_the_reaper_judges_no_lease_within_a_lease_of_a_redis_restart(redis_client, monkeypatch):
+    redis_client.hset(KOMBU_UNACKED, "t", '[{"properties": {}}, "short", "short"]')
+    redis_client.zadd("unacked_index", {"t": time.time() - 600})
+    redis_client.zadd(LEASES, {"t": time.time() - 1})  # lapsed while Redis was away
+    reaper = Reaper(redis_client, ttl_s=5, interval_s=1, restart_grace_s=5)
+    monkeypatch.setattr(redis_client, "info", lambda *_a, **_k: {"uptime_in_seconds": 2})
+    assert reaper.reap_once() == [] and redis_client.hexists(KOMBU_UNACKED, "t")
+    monkeypatch.setattr(redis_client, "info", lambda *_a, **_k: {"uptime_in_seconds": 6})
+    assert reaper.reap_once() == ["t"]
+
+
+def test_a_message_celery_forgot_on_a_reconnect_is_left_to_lapse(redis_client):
+    """Celery drops the requests it had not started (a countdown retry) when its connection drops;
+    their messages stay unacked, and must reach the reaper instead of being renewed forever."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda task_id: task_id != "forgotten")
+    for tag in ("t-running", "t-forgotten"):
+        redis_client.hset(KOMBU_UNACKED, tag, "[]")
+    keeper.hold("running", "t-running")
+    keeper.hold("forgotten", "t-forgotten")
+    redis_client.zadd(LEASES, {"t-running": time.time() + 1, "t-forgotten": time.time() + 1})
+    keeper.renew()
+    assert redis_client.zscore(LEASES, "t-running") > time.time() + 59
+    assert redis_client.zscore(LEASES, "t-forgotten") <= time.time() + 1

@@ -1,0 +1,197 @@
+"""kombu's Redis transport as genfleet uses it (wired in by `Celery(amqp=...)` in workers/app.py),
+changed where kombu 5.7.0 loses or re-runs prompts. Tested against kombu 5.7.0 and celery 5.7.0
+(pinned in pyproject.toml); the line numbers below are theirs. Needs Redis 6.2 or later (BLMOVE).
+
+**A lost broker connection leaves the worker's messages where they are.** On a connection loss
+Celery collects the connection, then closes it (celery/worker/consumer/consumer.py:476, :487).
+Closing a virtual channel restores every message it holds to its queue (kombu/transport/virtual/
+base.py:806 → `QoS.restore_unacked_once` :277-300 → kombu/transport/redis.py:493): tasks still
+streaming would be handed to a second worker. And it crashed the worker. `collect`
+(kombu/connection.py:432) closes the task channel first, and that close is cut short when it reads
+its pending BRPOP reply from the dead socket (redis.py:1891-1895, before the channel is marked
+closed); closing the other channels (virtual/base.py:988-997) stops at the first that fails (Celery's
+remote-control mailbox deletes its fanout queue: redis.py:1901-1906); then `collect` clears the
+transport's client (connection.py:429). The second close (consumer.py:487) reaches the restore,
+which builds a Redis client from that `None` (redis.py:2089 → 2094 → 2065 → `_connparams`
+1957-1959): AttributeError, which `ignore_errors` (kombu/common.py:330-335) does not swallow, so the
+worker exits ("Unrecoverable error"). A race: only with a BRPOP pending on the task channel when the
+loss is noticed on another socket, and a message held (nothing to restore otherwise: virtual/
+base.py:294). An ack or reject of a task that finishes after the reconnect failed the same way on
+the event loop (kombu/message.py:126, queued by celery's `call_soon_ack`): its message still names
+the closed channel.
+
+So `QoS.restore_at_shutdown` is off (virtual/base.py:180, checked at :289): a message a worker holds
+stays in kombu's `unacked` hash, covered by its lease (`workers/leases.py`): renewed while the task
+runs, re-queued by the reaper once its worker is gone. And a channel remembers its broker address:
+an ack on a closed channel goes over a fresh connection (the `unacked` hash is keyed by the delivery
+tag alone, whichever channel received it). Where Redis is still down the ack fails with a connection
+error, which Celery logs (`Message.ack_log_error`); the message stays unacked, its lease lapses once
+the task is over, the reaper re-queues it and the next worker finds its done bit set and only acks it
+(`workers/tasks.py`, `complete`). A requeue on a closed channel is left to the same path: kombu's
+restore would look the queue up through the closed channel and, failing, drop the message
+(redis.py:1265-1284 swallows that error inside its transaction). Two more pieces make the restart
+free of duplicates: the reaper judges no lease within a lease of Redis coming back (none could be
+renewed while it was away: `Reaper._leases_trusted`), and a message whose request Celery forgot on
+the reconnect (a countdown retry waiting in the timer: consumer.py `on_close`) is no longer renewed
+(`LeaseKeeper.in_hand`), so it lapses to the reaper instead of staying held forever.
+
+**A message taken off a queue is never only in a worker's memory** (`workers/transit.py`): where the
+channel consumes one queue at one priority (genfleet's case: one pool per worker, `priority_steps`
+`[0]`), it takes the next message with `BLMOVE queue transit RIGHT LEFT` instead of `BRPOP queue`
+(redis.py:1459-1474, 1476-1502, same end of the queue), and `QoS.append` moves it from the transit
+list into `unacked` in the same MULTI that records it there (redis.py:476-491).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from queue import Empty
+from typing import Any
+
+import redis
+from celery.app import amqp
+from kombu import Connection
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+
+from common.keys import transit_list, transit_queue
+from workers import transit
+
+log = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):
+    restore_at_shutdown = False
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        raw = self.channel.take_in_transit()
+        if raw is None:
+            super().append(message, delivery_tag)
+            return
+        delivery = message.delivery_info
+        record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.pipe_or_acquire() as pipe:  # a MULTI: in unacked and out of transit at once
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag, record) \
+                .lrem(self.channel.transit_key, 1, raw) \
+                .execute()
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue and self.channel.detached:
+            log.warning("message %s stays unacknowledged: its broker connection was lost; the reaper re-queues "
+                        "it once its lease lapses", delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)  # this channel's own bookkeeping only
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+    # The synchronous client's connection parameters, kept from while the channel was open.
+    _open_connparams: dict | None = None
+    transit_key: str | None = None
+    _pending: str | None = None  # the blocking pop in flight: "BLMOVE", or kombu's "BRPOP"
+    _in_transit: bytes | None = None  # the message being delivered, as it sits in the transit list
+
+    def _transit_source(self) -> str | None:
+        """The one list this channel consumes, where BLMOVE can replace BRPOP."""
+        queues = list(self.active_queues)
+        if len(queues) != 1 or list(self.priority_steps) != [0] or self.global_keyprefix:
+            return None
+        return queues[0]
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        source = self._transit_source()
+        if source is None:
+            self._pending = "BRPOP"
+            return super()._brpop_start(timeout)
+        if self.transit_key is None:
+            key = transit_list(source, uuid.uuid4().hex)
+            with self.conn_or_acquire() as client:
+                transit.register(client, key)
+            self.transit_key = key
+        self._queue_cycle.consume(1)
+        self._pending = "BLMOVE"
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        wait = self.brpop_timeout if timeout is None else timeout
+        self.client.connection.send_command("BLMOVE", source, self.transit_key, "RIGHT", "LEFT", wait or 0)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        if self._pending != "BLMOVE":
+            return super()._brpop_read(**options)
+        try:
+            try:
+                item = self.client.parse_response(self.client.connection, "BLMOVE", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if not item:
+                raise Empty()
+            return self._deliver_from_transit(item)
+        finally:
+            self._in_poll = None
+            self._pending = None
+            self._flush_brpop_reauth()
+
+    def _deliver_from_transit(self, item: bytes) -> bool:
+        source = transit_queue(self.transit_key)
+        self._queue_cycle.rotate(source)
+        self._in_transit = item
+        try:
+            self.connection._deliver(loads(bytes_to_str(item)), source)
+        finally:
+            left, self._in_transit = self._in_transit, None
+        if left is not None:  # handled without QoS.append (kombu rejected it back to its queue)
+            with self.conn_or_acquire() as client:
+                client.lrem(self.transit_key, 1, left)
+        return True
+
+    def take_in_transit(self) -> bytes | None:
+        """The message being delivered, for QoS.append to move out of the transit list."""
+        raw, self._in_transit = self._in_transit, None
+        return raw
+
+    def close(self) -> None:
+        if self.transit_key is not None:
+            transit.forget(self.transit_key)
+        super().close()
+
+    @property
+    def detached(self) -> bool:
+        """Closed by a lost connection while messages it delivered are still being worked on."""
+        return self.connection is None or self.connection.client is None
+
+    def _connparams(self, asynchronous: bool = False) -> dict:
+        if self.detached:
+            if asynchronous or self._open_connparams is None:
+                raise redis.ConnectionError("this channel's broker connection was closed")
+            return dict(self._open_connparams)
+        params = super()._connparams(asynchronous=asynchronous)
+        if not asynchronous:
+            self._open_connparams = dict(params)
+        return params
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+class BrokerConnection(Connection):
+    """kombu's Connection, with the Transport above wherever kombu would take its Redis transport.
+    Chosen by class rather than by name (`broker_transport`), so a URL still reads `redis://` or
+    `rediss://` everywhere it is shown: logs, and Flower, which picks its broker client by scheme."""
+
+    def get_transport_cls(self) -> type:
+        transport = super().get_transport_cls()
+        return Transport if transport is kombu_redis.Transport else transport
+
+
+class AMQP(amqp.AMQP):
+    """Celery's AMQP helper with that connection (`Celery(amqp=...)`, workers/app.py)."""
+    Connection = BrokerConnection
+    BrokerConnection = BrokerConnection
