@@ -90,7 +90,7 @@ LEASES = f"{PREFIX}:leases"
 # Only one reaper scans at a time, fleet-wide.
 REAPER_LOCK = f"{PREFIX}:reaper-lock"
 # Zset: transit list (`transit_list`) -> unix time its worker last showed it is alive. Written by
-# `workers/transit.py` only, as are the lists.
+# `workers/broker.py` only, as are the lists.
 TRANSITS = f"{PREFIX}:transits"
 # Set while one worker's reaper checks for prompts lost in transit, for as long as the check interval
 # (`workers/unaccounted.py`, its writer): one check per interval, fleet-wide.

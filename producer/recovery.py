@@ -3,7 +3,7 @@ again.
 
 kombu's Redis transport takes a message off its queue with BRPOP and only then records it as
 unacknowledged; a worker SIGKILLed (or OOM-killed) in between lost that message. genfleet's workers
-take it onto a transit list instead, which the reaper puts back (workers/transit.py); a message can
+take it onto a transit list instead, which the reaper puts back (workers/broker.py); a message can
 still vanish otherwise (a Redis without AOF restarted, a key deleted by hand), and the workers' check
 then shows its prompt in `genfleet status`. Such a prompt is marked enqueued, is not done and not
 dead-lettered, and sits in no queue, transit list or unacked set. Clearing its enqueued bit
@@ -61,7 +61,7 @@ def _rows_in_flight(client: redis.Redis, run: str) -> dict[str, set[int]]:
 
 def _queued_and_unacked(client: redis.Redis) -> Iterator[dict[str, Any]]:
     # Transit lists too: what a worker took off a queue and has not recorded as unacked yet, or what
-    # a dead one left there for the reaper to put back (workers/transit.py).
+    # a dead one left there for the reaper to put back (workers/broker.py).
     transits = [key.decode() if isinstance(key, bytes) else key for key in client.zrange(TRANSITS, 0, -1)]
     for key in [queue_list(queue) for queue in PARTITIONS] + transits:
         for start in range(0, client.llen(key), SCAN_CHUNK):

@@ -35,7 +35,7 @@ renewed while it was away: `Reaper._leases_trusted`), and a message whose reques
 the reconnect (a countdown retry waiting in the timer: consumer.py `on_close`) is no longer renewed
 (`LeaseKeeper.in_hand`), so it lapses to the reaper instead of staying held forever.
 
-**A message taken off a queue is never only in a worker's memory** (`workers/transit.py`): where the
+**A message taken off a queue is never only in a worker's memory** (the transit lists, below): where the
 channel consumes one queue at one priority (genfleet's case: one pool per worker, `priority_steps`
 `[0]`), it takes the next message with `BLMOVE queue transit RIGHT LEFT` instead of `BRPOP queue`
 (redis.py:1459-1474, 1476-1502, same end of the queue), and `QoS.append` moves it from the transit
@@ -44,6 +44,7 @@ list into `unacked` in the same MULTI that records it there (redis.py:476-491).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from queue import Empty
@@ -57,8 +58,8 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from common.keys import transit_list, transit_queue
-from workers import transit
+from common import kombu_wire
+from common.keys import KOMBU_UNACKED, TRANSITS, queue_list, transit_list, transit_queue
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class Channel(kombu_redis.Channel):
         if self.transit_key is None:
             key = transit_list(source, uuid.uuid4().hex)
             with self.conn_or_acquire() as client:
-                transit.register(client, key)
+                register_transit(client, key)
             self.transit_key = key
         self._queue_cycle.consume(1)
         self._pending = "BLMOVE"
@@ -158,7 +159,7 @@ class Channel(kombu_redis.Channel):
 
     def close(self) -> None:
         if self.transit_key is not None:
-            transit.forget(self.transit_key)
+            forget_transit(self.transit_key)
         super().close()
 
     @property
@@ -195,3 +196,77 @@ class AMQP(amqp.AMQP):
     """Celery's AMQP helper with that connection (`Celery(amqp=...)`, workers/app.py)."""
     Connection = BrokerConnection
     BrokerConnection = BrokerConnection
+
+# -- transit lists: the registry and the return of a dead consumer's list --------------------------
+# This module is the one writer of the transit lists and of their registry (`common/keys.py`,
+# `TRANSITS`). Each worker process names its open channels' lists on its reaper's beat
+# (`renew_transits`); a list whose worker stopped naming it for a lease TTL belongs to a dead
+# consumer, and the reaper (`return_stranded`, under its fleet-wide lock) puts its messages back at
+# the head of their queue, unless kombu already holds them as unacked (cannot happen with the
+# transaction in `QoS.append`; kept as a guard).
+
+_open: set[str] = set()  # this process's channels' transit lists
+_lock = threading.Lock()
+
+
+def register_transit(client: redis.Redis, key: str) -> None:
+    """A channel's list, named before its first BLMOVE, so that the reaper can find it."""
+    client.zadd(TRANSITS, {key: time.time()})
+    with _lock:
+        _open.add(key)
+
+
+def forget_transit(key: str) -> None:
+    """The channel closed: its list is no longer renewed; whatever it holds goes back to its queue
+    once it has lapsed."""
+    with _lock:
+        _open.discard(key)
+
+
+def renew_transits(client: redis.Redis) -> None:
+    """This process is alive: each of its open channels' lists is, too."""
+    with _lock:
+        keys = list(_open)
+    if keys:
+        now = time.time()
+        client.zadd(TRANSITS, dict.fromkeys(keys, now))
+
+
+def return_stranded(client: redis.Redis, ttl_s: float) -> int:
+    """Puts back on their queue the messages of every transit list not renewed for `ttl_s`; drops
+    those lists. Returns how many messages went back."""
+    lapsed = client.zrangebyscore(TRANSITS, "-inf", time.time() - ttl_s)
+    returned = 0
+    for raw_key in lapsed:
+        key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+        returned += _return_list(client, key)
+    return returned
+
+
+def _return_list(client: redis.Redis, key: str) -> int:
+    returned = 0
+
+    def transaction(pipe: redis.client.Pipeline) -> None:
+        nonlocal returned
+        items = pipe.lrange(key, 0, -1)  # newest first (BLMOVE pushes on the left)
+        held = [pipe.hexists(KOMBU_UNACKED, _delivery_tag(item)) for item in items]
+        pipe.multi()
+        back = [item for item, is_held in zip(items, held, strict=True) if not is_held]
+        if back:  # RPUSH: next in line (consumers pop from the right), oldest first
+            pipe.rpush(queue_list(transit_queue(key)), *reversed(back))
+        pipe.delete(key)
+        pipe.zrem(TRANSITS, key)
+        returned = len(back)
+
+    client.transaction(transaction, key)
+    if returned:
+        log.warning("put %d message(s) back on queue %s: taken off it by a consumer that died before "
+                    "recording them (%s)", returned, transit_queue(key), key)
+    return returned
+
+
+def _delivery_tag(raw: bytes) -> str:
+    try:
+        return str(kombu_wire.decode_queued(raw).get("properties", {}).get("delivery_tag", ""))
+    except ValueError:  # not kombu's JSON: it goes back to its queue all the same
+        return ""

@@ -22,7 +22,7 @@ import redis
 
 from common import kombu_wire
 from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK, queue_list
-from workers import transit, unaccounted
+from workers import broker, unaccounted
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Reaper:
     def reap_once(self) -> list[str]:
         """Restores every expired message, and puts back what dead consumers left in transit;
         returns the delivery tags restored."""
-        transit.renew(self.redis)  # this process's consumers are alive
+        broker.renew_transits(self.redis)  # this process's consumers are alive
         asked = time.monotonic()
         if not self.redis.set(REAPER_LOCK, self._token, nx=True, ex=max(int(self.interval_s * 3), 5)):
             return []
@@ -153,7 +153,7 @@ class Reaper:
                 if self._restore(tag):
                     restored.append(tag)
             self._forget_orphans(now)
-            transit.return_stranded(self.redis, self.ttl_s)
+            broker.return_stranded(self.redis, self.ttl_s)
             if self.unaccounted_interval_s:
                 try:
                     unaccounted.check_if_due(self.redis, self.unaccounted_interval_s)

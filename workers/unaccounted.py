@@ -2,7 +2,7 @@
 kombu's `unacked`), done, skipped nor dead-lettered. Run by the lease reaper under its fleet-wide
 lock, at most once per `unaccounted_check_interval_s` across the fleet.
 
-Transit lists (`workers/transit.py`) close the window kombu's BRPOP left open, so such a prompt
+Transit lists (`workers/broker.py`) close the window kombu's BRPOP left open, so such a prompt
 means a loss no worker can repair (its message is gone: a Redis without AOF restarted, a key
 deleted by hand, a message dropped by an older genfleet). What the check can do is say so: a row
 found unaccounted for in two checks in a row (a message moves between queue, transit list and

@@ -1,6 +1,6 @@
 """Chaos: a worker killed after taking a message off its queue and before recording it as unacked.
 With kombu's BRPOP that message was gone until an operator ran `enqueue --recover-lost` on a drained
-fleet; a genfleet worker takes it onto its transit list instead (`workers/transit.py`), and the
+fleet; a genfleet worker takes it onto its transit list instead (`workers/broker.py`), and the
 surviving workers' reaper puts it back on the queue unaided, within a lease. A message that is gone
 for good (dropped by hand, a Redis without AOF) cannot come back by itself: the workers' check finds
 its prompt and `genfleet status` names it, with the fix."""

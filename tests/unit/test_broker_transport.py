@@ -1,4 +1,4 @@
-"""genfleet's kombu Redis transport (`workers/broker.py`, `workers/transit.py`) against a real Redis:
+"""genfleet's kombu Redis transport (`workers/broker.py`) against a real Redis:
 a message goes from its queue through the consumer's transit list into `unacked` and is never only in
 a worker's memory; what a dead consumer left in transit goes back to its queue; a channel closed by a
 lost connection restores nothing and does not crash, and its messages can still be acknowledged."""
@@ -18,7 +18,7 @@ from kombu.message import Message
 
 from common.keys import KOMBU_UNACKED, LEASES, TRANSITS
 from common.queues import QUEUES, SHORT
-from workers import broker, transit
+from workers import broker
 from workers.leases import LeaseKeeper, Reaper
 
 GENFLEET = dict(transport="workers.broker:Transport", transport_options={"priority_steps": [0]})
@@ -121,10 +121,10 @@ def test_an_open_channel_renews_its_transit_list_and_a_closed_one_stops(redis_cl
         drain(connection, 0.1)
         [key] = transit_lists(redis_client)
         redis_client.zadd(TRANSITS, {key: 0})
-        transit.renew(redis_client)
+        broker.renew_transits(redis_client)
         assert redis_client.zscore(TRANSITS, key) > time.time() - 5
     redis_client.zadd(TRANSITS, {key: 0})
-    transit.renew(redis_client)
+    broker.renew_transits(redis_client)
     assert redis_client.zscore(TRANSITS, key) == 0
 
 
