@@ -25,13 +25,15 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
 from celery import Celery
 from celery.utils.time import utcoffset
 
-from common.queues import GENERATE_TASK
+from common.keys import KOMBU_UNACKED, TRANSITS, queue_list
+from common.queues import GENERATE_TASK, PARTITIONS
 
 EVENT_EXCHANGE = "celeryev"
 EVENT_ROUTING_KEY = "task.sent"
@@ -167,3 +169,17 @@ class _Uuid4Pool:
             # Version nibble 4 and the RFC 4122 variant bits, as uuid.uuid4() sets them.
             uuids.append(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}")
         return uuids
+
+
+def held_messages(client: Any, chunk: int = 1000) -> Iterator[Envelope]:
+    """Every message Redis holds, along the way one travels (queue lists, transit lists, kombu's
+    `unacked`), so that one moving on while this reads is seen twice rather than not at all; a
+    restore (backwards) can slip past, once. Reads only, in chunks."""
+    transits = [key.decode() if isinstance(key, bytes) else key for key in client.zrange(TRANSITS, 0, -1)]
+    for key in [queue_list(queue) for queue in PARTITIONS] + transits:
+        for start in range(0, client.llen(key), chunk):
+            for raw in client.lrange(key, start, start + chunk - 1):
+                yield decode_queued(raw)
+    for _tag, raw in client.hscan_iter(KOMBU_UNACKED, count=chunk):
+        envelope, _exchange, _routing_key = decode_unacked(raw)
+        yield envelope

@@ -16,14 +16,10 @@ dedupes by id anyway).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import Any
 
 import redis
 
 from common import kombu_wire
-from common.keys import KOMBU_UNACKED, TRANSITS, queue_list
-from common.queues import PARTITIONS
 from common.run_state import RunState
 
 SCAN_CHUNK = 1000
@@ -52,21 +48,8 @@ def release_rows(client: redis.Redis, run: str, dataset: str, rows: list[int]) -
 
 def _rows_in_flight(client: redis.Redis, run: str) -> dict[str, set[int]]:
     rows: dict[str, set[int]] = defaultdict(set)
-    for envelope in _queued_and_unacked(client):
+    for envelope in kombu_wire.held_messages(client, SCAN_CHUNK):
         payload = kombu_wire.task_payload(envelope)
         if payload and payload.get("run") == run:
             rows[payload["dataset"]].add(payload["row"])
     return rows
-
-
-def _queued_and_unacked(client: redis.Redis) -> Iterator[dict[str, Any]]:
-    # Transit lists too: what a worker took off a queue and has not recorded as unacked yet, or what
-    # a dead one left there for the reaper to put back (workers/broker.py).
-    transits = [key.decode() if isinstance(key, bytes) else key for key in client.zrange(TRANSITS, 0, -1)]
-    for key in [queue_list(queue) for queue in PARTITIONS] + transits:
-        for start in range(0, client.llen(key), SCAN_CHUNK):
-            for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
-                yield kombu_wire.decode_queued(raw)
-    for _tag, raw in client.hscan_iter(KOMBU_UNACKED, count=SCAN_CHUNK):
-        envelope, _exchange, _routing_key = kombu_wire.decode_unacked(raw)
-        yield envelope

@@ -90,10 +90,7 @@ class LeaseKeeper:
             released = list(self._released)
         if not released:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for tag in released:
-            pipe.hexists(KOMBU_UNACKED, tag)
-        settled = [tag for tag, still_unacked in zip(released, pipe.execute(), strict=True) if not still_unacked]
+        settled = not_held(self.redis, released)
         if settled:
             self.redis.zrem(LEASES, *settled)
         with self._lock:
@@ -182,10 +179,7 @@ class Reaper:
                   for t in self.redis.zrangebyscore(LEASES, "-inf", now - self.ttl_s)]
         if not lapsed:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for tag in lapsed:
-            pipe.hexists(KOMBU_UNACKED, tag)
-        orphans = [tag for tag, held in zip(lapsed, pipe.execute(), strict=True) if not held]
+        orphans = not_held(self.redis, lapsed)
         if orphans:
             self.redis.zrem(LEASES, *orphans)
 
@@ -227,3 +221,11 @@ class Reaper:
             except redis.RedisError as error:
                 self._outage_at = time.monotonic()
                 log.warning("reaper pass failed: %s", error)
+
+
+def not_held(client: redis.Redis, tags: list[str]) -> list[str]:
+    """The delivery tags among `tags` whose message kombu no longer holds (acked or given back)."""
+    pipe = client.pipeline(transaction=False)
+    for tag in tags:
+        pipe.hexists(KOMBU_UNACKED, tag)
+    return [tag for tag, held in zip(tags, pipe.execute(), strict=True) if not held]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
 
 import redis
 
@@ -100,7 +99,7 @@ def _unaccounted_rows(client: redis.Redis, runs: list[str]) -> Rows:
     states = {run: RunState(client, run) for run in runs}
     enqueued = {run: {ds: state.enqueued_row_set(ds) for ds in state.datasets()} for run, state in states.items()}
     present: Rows = defaultdict(lambda: defaultdict(set))
-    for envelope in _every_message(client):
+    for envelope in kombu_wire.held_messages(client, SCAN_CHUNK):
         payload = kombu_wire.task_payload(envelope)
         if payload and payload.get("run") in states:
             present[payload["run"]][payload["dataset"]].add(payload["row"])
@@ -114,15 +113,3 @@ def _unaccounted_rows(client: redis.Redis, runs: list[str]) -> Rows:
             if missing:
                 found.setdefault(run, {})[dataset] = missing
     return found
-
-
-def _every_message(client: redis.Redis) -> Iterator[kombu_wire.Envelope]:
-    """Along the way a message travels (queue, transit list, unacked), so that one moving on while
-    this reads is seen twice rather than not at all; a restore (backwards) can slip past, once."""
-    for key in [queue_list(queue) for queue in PARTITIONS] + [k.decode() for k in client.zrange(TRANSITS, 0, -1)]:
-        for start in range(0, client.llen(key), SCAN_CHUNK):
-            for raw in client.lrange(key, start, start + SCAN_CHUNK - 1):
-                yield kombu_wire.decode_queued(raw)
-    for _tag, raw in client.hscan_iter(KOMBU_UNACKED, count=SCAN_CHUNK):
-        envelope, _exchange, _routing_key = kombu_wire.decode_unacked(raw)
-        yield envelope

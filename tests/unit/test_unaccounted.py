@@ -33,7 +33,7 @@ def take(client) -> dict:
 
 
 def no_message_read(monkeypatch) -> None:
-    monkeypatch.setattr(unaccounted, "_every_message", lambda _client: pytest.fail("read the messages"))
+    monkeypatch.setattr(unaccounted.kombu_wire, "held_messages", lambda *_: pytest.fail("read the messages"))
 
 
 def test_when_every_pending_prompt_has_a_message_the_check_reads_none(redis_client, monkeypatch):
