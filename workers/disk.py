@@ -31,7 +31,8 @@ class DiskGuard:
         self._space_problem: str | None = None
 
     def failed(self, what: str) -> None:
-        """A shard write failed: the disk counts as unwritable until a recheck finds it fine."""
+        """A shard write failed: the disk counts as unwritable for `recheck_s`; after that only the
+        free-space floor decides (the next write tells whether the fault is gone)."""
         with self._lock:
             self._failure = (time.monotonic(), what)
 

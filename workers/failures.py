@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
+import redis
 from celery import Task
 from celery.exceptions import Reject, Retry
 
@@ -28,14 +31,28 @@ def handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime, err
     """Raises Retry, Reject or the error itself (the task's FAILURE)."""
     settings = runtime.settings
     telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
-    count_failure(runtime, payload, error)
+    with redis_fault_gives_back(payload):
+        count_failure(runtime, payload, error)
     if error.retryable and payload.attempt < settings.max_attempts:
         retry(task, payload, error, retry_countdown(payload.attempt, settings.retry_backoff_s,
                                                     settings.retry_backoff_max_s))
     error_class = error.exhausted_class if error.retryable else error.error_class
-    runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
+    with redis_fault_gives_back(payload):
+        runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
     # Raising marks the task FAILURE in Flower with the error's type, class and message.
     raise error.as_dead_letter(error_class, payload.attempt)
+
+
+@contextmanager
+def redis_fault_gives_back(payload: TaskPayload) -> Iterator[None]:
+    """A Redis that refuses a write (an outage past the client's retries, a full `noeviction`
+    Redis) is a local fault: the message goes back to the queue rather than being acked with its
+    failure unrecorded (Celery acks a failed task by default: `task_acks_on_failure_or_timeout`)."""
+    try:
+        yield
+    except redis.RedisError as error:
+        log.warning("could not record %s's state in Redis (%s); giving its message back", payload.id, error)
+        raise Reject(f"redis: {error}", requeue=True) from None
 
 
 def count_failure(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:

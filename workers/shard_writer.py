@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 WRITE_TIMEOUT_S = 120.0
 
 
-class ShardWriterClosed(RuntimeError):
-    pass
-
-
 class ShardWriteFailed(OSError):
     """The record is not on disk: a local fault, not the prompt's; the task gives its message back."""
+
+
+class ShardWriterClosed(ShardWriteFailed):
+    """The worker is shutting down: a record that arrives now is given back like any local fault."""
 
 
 class ShardWriter:

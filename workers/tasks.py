@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import redis
 from celery import Celery, Task
 from celery.exceptions import Reject
 
@@ -44,8 +45,10 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
             return complete(payload, runtime)
         except ShutdownRequested:
             raise Reject("worker shutting down", requeue=True) from None
-        except DiskUnwritable as error:
-            # A local fault is not the prompt's: no attempt counted, no dead letter.
+        except (DiskUnwritable, redis.RedisError) as error:
+            # A local fault (the disk, a Redis outage past the client's retries) is not the
+            # prompt's: no attempt counted, no dead letter. A record already written is found by
+            # the done check's next run, or deduplicated by export.
             log.warning("giving %s back to the queue: %s", payload.id, error)
             raise Reject(str(error), requeue=True) from None
         except GenerationError as error:

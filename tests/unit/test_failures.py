@@ -8,6 +8,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import redis
 from celery.exceptions import Reject, Retry
 from kombu.exceptions import OperationalError
 
@@ -124,3 +125,14 @@ def test_the_backoff_grows_exponentially_up_to_its_cap_with_full_jitter(monkeypa
     monkeypatch.setattr(random, "uniform", lambda low, high: bounds.append((low, high)) or high)
     assert [failures.retry_countdown(attempt, 0.5, 4.0) for attempt in range(1, 8)] == [0.5, 1, 2, 4, 4, 4, 4]
     assert {low for low, _ in bounds} == {0}
+
+
+def test_a_redis_that_refuses_the_dead_letter_gives_the_message_back(redis_client):
+    """Celery acks a failed task: a failure that cannot be recorded must not be acked away."""
+    class RefusingState(RunState):
+        def record_dead_letter(self, *_: object) -> None:
+            raise redis.ConnectionError("Redis is loading the dataset in memory")
+
+    runtime = SimpleNamespace(settings=Settings(max_attempts=1), run_state=lambda run: RefusingState(redis_client, run))
+    raised = fail(runtime, PermanentError("HTTP 400"), 1)
+    assert isinstance(raised, Reject) and raised.requeue

@@ -47,3 +47,10 @@ def test_a_shard_directory_that_cannot_be_made_is_a_write_failure(tmp_path):
     shards = ShardSet(tmp_path, "w1", max_bytes=1 << 20, commit_interval_s=0.001)
     with pytest.raises(ShardWriteFailed, match="cannot prepare"):
         shards.write("run", "ds", b"{}\n")
+
+
+def test_a_write_after_shutdown_is_a_local_fault_not_the_prompts(tmp_path):
+    writer = ShardWriter(tmp_path, "w1", max_bytes=1 << 20, commit_interval_s=0.001)
+    writer.close()
+    with pytest.raises(ShardWriteFailed):  # the task gives its message back; no attempt counted
+        writer.write(b"late\n")

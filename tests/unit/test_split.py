@@ -77,3 +77,12 @@ def test_a_chat_generation_is_already_split_by_the_server(tokenizer):
     assert (split.reasoning, split.content, split.closed) == ("thought", "answer", True)
     chat.content = None
     assert CompletionSplitter("kimi_k2").split(chat, None).closed is False
+
+
+def test_with_special_tokens_skipped_a_matched_stop_string_is_cut_where_the_server_cut_it(tokenizer):
+    ids = tokenizer.encode(f"{TEXT} STOP and more", add_special_tokens=False)
+    skipped_text = tokenizer.decode(ids, skip_special_tokens=True)
+    server_text = skipped_text[: skipped_text.find(" STOP")]
+    split = CompletionSplitter("kimi_k2", tokenizer, skip_special_tokens=True).split(
+        generation(server_text, ids, {"type": "stop", "matched": " STOP"}), None)
+    assert (split.reasoning, split.content) == (REASONING, CONTENT)

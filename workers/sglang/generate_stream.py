@@ -7,7 +7,8 @@ every chunk carries in both modes: `meta_info.completion_tokens`, the count of i
 (sglang 0.5.23 `managers/scheduler_components/output_streamer.py`: `completion_tokens =
 len(output_ids_through_stop)`). Once any id has arrived, a cumulative chunk carries exactly
 `completion_tokens` ids and a delta carries `completion_tokens - assembled`; the two can only be
-equal before the first id, when both modes read the same. So the second chunk decides, final or not.
+equal before the first id, when both modes read the same. So the first chunk that reports its count
+after an id has arrived decides, final or not.
 0.5.2 sent cumulative text with delta ids; it is told apart by a meta_info without `num_retractions`.
 
 Integrity: every chunk is checked against what came before (a cumulative chunk's text extends the

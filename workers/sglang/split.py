@@ -55,12 +55,16 @@ class CompletionSplitter:
         surfaces = [ids[:-1], ids] if isinstance(matched, int) and not isinstance(matched, bool) else [ids]
         for surface in surfaces:
             shown = self.tokenizer.decode(surface, skip_special_tokens=self.skip_special_tokens)
-            if shown == text:
-                return text if not self.skip_special_tokens else self.tokenizer.decode(surface)
-            if isinstance(matched, str) and shown.startswith(text):
-                return text if not self.skip_special_tokens else self.tokenizer.decode(surface)
+            if shown == text or (isinstance(matched, str) and shown.startswith(text)):
+                return text if not self.skip_special_tokens else self._kept(surface, matched)
         raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
                              f"({len(text)} characters; {_first_difference(shown, text)})")
+
+    def _kept(self, ids: list[int], matched: object) -> str:
+        """The ids decoded with special tokens kept, cut where the server cut a matched stop string."""
+        kept = self.tokenizer.decode(ids, skip_special_tokens=False)
+        at = kept.find(matched) if isinstance(matched, str) and matched else -1
+        return kept if at == -1 else kept[:at]
 
     def _clean(self, text: str) -> str:
         # Only at the end: a model may write "</s>" inside its answer (HTML), and that is data.
