@@ -67,12 +67,9 @@ class GenerationEndpoints:
     # -- /generate ----------------------------------------------------------------------------
 
     async def generate(self, scope: Scope, receive: Receive) -> ASGIApp:
-        if scope["method"] not in GENERATE_METHODS:
-            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(GENERATE_METHODS)})
-        try:
-            body = json.loads(await read_body(receive))
-        except ValueError as error:
-            return _bad_request(f"invalid JSON body: {error}")
+        body = await _json_body(scope, receive, GENERATE_METHODS)
+        if isinstance(body, Response):
+            return body
         streaming = isinstance(body, dict) and body.get("stream") is True
         try:
             generation, rid = self._prepare(parse_generate_request(body))
@@ -116,12 +113,9 @@ class GenerationEndpoints:
     # -- /v1/chat/completions -----------------------------------------------------------------
 
     async def chat(self, scope: Scope, receive: Receive) -> ASGIApp:
-        if scope["method"] not in CHAT_METHODS:
-            return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(CHAT_METHODS)})
-        try:
-            body = json.loads(await read_body(receive))
-        except ValueError as error:
-            return _bad_request(f"invalid JSON body: {error}")
+        body = await _json_body(scope, receive, CHAT_METHODS)
+        if isinstance(body, Response):
+            return body
         try:
             request = parse_chat_request(body)
             await self.chat_template.load()
@@ -226,6 +220,16 @@ class GenerationEndpoints:
             self.engine, generation, on_disconnect=self.capacity.record_disconnected,
             on_done=lambda: self._rids_in_flight.discard(rid),
         )
+
+
+async def _json_body(scope: Scope, receive: Receive, methods: tuple[str, ...]) -> Any:
+    """The request's JSON body, or the 405 / 400 response that refuses it."""
+    if scope["method"] not in methods:
+        return PlainTextResponse("Method Not Allowed", 405, headers={"allow": ", ".join(methods)})
+    try:
+        return json.loads(await read_body(receive))
+    except ValueError as error:
+        return _bad_request(f"invalid JSON body: {error}")
 
 
 def _bad_request(message: str) -> Response:
