@@ -36,9 +36,27 @@ class TaskPayload:
     max_tokens_per_dataset: int | None = None
     # The upstream the previous attempt failed on: a retry prefers another one.
     failed_upstream: str | None = None
+    # `--samples N` > 1: this task is sample k of its prompt (id "{prompt id}#{k}", its own row slot).
+    sample: int | None = None
+    # `--loop-guard`: "abort" stops a degenerate repetition at once, "flag" marks it, "off" ignores it.
+    loop_guard: str = "abort"
+    # `--on-truncated`: what a completion cut at max_new_tokens becomes ("keep", "continue",
+    # "regenerate"); `max_new_tokens_total` caps the completion over all its parts.
+    on_truncated: str = "keep"
+    max_new_tokens_total: int | None = None
+    # The parts already generated of a continued completion (`Continuation.to_dict()`); None for
+    # a first request.
+    continuation: dict[str, Any] | None = None
+    # This task asks again, with the larger budget, for a completion that was cut (`regenerate`).
+    regenerated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def prompt_id(self) -> str:
+        """The id of the prompt itself (a sample's id without its "#k")."""
+        return self.id if self.sample is None else self.id.rpartition("#")[0]
 
     def argsrepr(self, note: str = "") -> str:
         """What Flower shows as the task's args: the id and size, never the prompt itself."""
@@ -82,7 +100,7 @@ class CompletionRecord:
     messages: list[Message]
     reasoning: str
     content: str
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "loop" (the loop guard stopped or flagged it)
     matched_stop: int | str | list[int] | None
     usage: Usage
     upstream: str
@@ -97,10 +115,19 @@ class CompletionRecord:
     # The prompt's row index in its dataset (the bit in the run's done bitmap): lets export
     # reconcile shards against Redis.
     row: int | None = None
+    # The loop guard's finding: {"period", "repeats", "start", "at_token"} (tokens from the start
+    # of the completion; `start`: where the repetition begins, `at_token`: where it was seen).
+    loop: dict[str, int] | None = None
+    # How many follow-up requests continued this completion past a max_new_tokens cut.
+    continued: int | None = None
+    # The completion was asked again with the larger budget after a cut (`--on-truncated regenerate`).
+    regenerated: bool | None = None
+    # With `--samples N` > 1: which sample of the prompt this is (0..N-1).
+    sample: int | None = None
 
     def to_json_line(self) -> bytes:
         data = asdict(self)
-        for optional in ("output_ids", "turns"):
+        for optional in _OPTIONAL_FIELDS:
             if data[optional] is None:
                 del data[optional]
         return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
@@ -111,6 +138,10 @@ class CompletionRecord:
         data["usage"] = Usage(**data["usage"])
         data["timing"] = Timing(**data["timing"])
         return cls(**data)
+
+
+# Left out of a record's JSON line when None: records without them read as before.
+_OPTIONAL_FIELDS = ("output_ids", "turns", "loop", "continued", "regenerated", "sample")
 
 
 @dataclass

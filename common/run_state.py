@@ -35,6 +35,10 @@ COUNTER_FIELDS = (
     "truncated", "empty_reasoning", "empty_content", "aborted",
     # Attempts whose stream contradicted itself (nothing was written; the prompt was retried).
     "integrity",
+    # The loop guard: completions that repeated themselves degenerately, and the tokens they cost.
+    "looped", "looped_tokens",
+    # Truncation handling: completions continued past a cut, and asked again with a larger budget.
+    "continued", "regenerated",
 )
 
 _SUSPECTS = "suspects:"  # field prefix in the run's `unaccounted` hash
@@ -55,6 +59,9 @@ class Outcome:
     truncated: bool
     empty_reasoning: bool
     empty_content: bool
+    looped: bool = False
+    continued: bool = False
+    regenerated: bool = False
 
     def increments(self) -> dict[str, int]:
         return {
@@ -65,6 +72,10 @@ class Outcome:
             "truncated": int(self.truncated),
             "empty_reasoning": int(self.empty_reasoning),
             "empty_content": int(self.empty_content),
+            "looped": int(self.looped),
+            "looped_tokens": self.completion_tokens if self.looped else 0,
+            "continued": int(self.continued),
+            "regenerated": int(self.regenerated),
         }
 
 
