@@ -52,6 +52,13 @@ class WorkerMetrics:
                                      per_prompt, registry=r)
         self.completions = Counter("genfleet_completions", "Prompts finished and written, by finish reason",
                                    [*per_prompt, "finish_reason"], registry=r)
+        # The loop guard and truncation handling, per prompt (exported with the _total suffix).
+        self.loops = Counter("genfleet_loops", "Completions the loop guard stopped or flagged as a degenerate "
+                             "repetition (finish_reason loop)", per_prompt, registry=r)
+        self.loop_tokens = Counter("genfleet_loop_tokens", "Completion tokens of the looped completions",
+                                   per_prompt, registry=r)
+        self.continuations = Counter("genfleet_continuations", "Completions continued past a max_new_tokens cut "
+                                     "by follow-up requests", per_prompt, registry=r)
         self.errors = Counter("genfleet_errors", "Failed attempts by error type and class "
                               "(transient: retried; permanent, exhausted or integrity: dead-lettered)",
                               ["run", "dataset", "partition", "error", "error_class"], registry=r)

@@ -34,6 +34,12 @@ def completed(runtime: WorkerRuntime, payload: TaskPayload, record: CompletionRe
     METRICS.reasoning_tokens.labels(*labels).inc(record.usage.reasoning_tokens)
     METRICS.prompt_tokens.labels(*labels).inc(record.usage.prompt_tokens)
     METRICS.completions.labels(*labels, record.finish_reason).inc()
+    looped = record.loop is not None or record.finish_reason == "loop"
+    # Added to on every completion, by 0 when nothing happened: a series that exists from the first
+    # completion lets rate() see the first loop (a series born at 1 hides its first increment).
+    METRICS.loops.labels(*labels).inc(int(looped))
+    METRICS.loop_tokens.labels(*labels).inc(record.usage.completion_tokens if looped else 0)
+    METRICS.continuations.labels(*labels).inc(int(bool(record.continued)))
     where = (payload.dataset, payload.partition)
     if record.timing.first_token_s is not None:
         METRICS.time_to_first_token.labels(*where).observe(record.timing.first_token_s)

@@ -1,7 +1,9 @@
 """`genfleet export`: a run's shards, from one or several output roots, become one clean dataset.
 
 - `cli`: the typer command (options, Redis, exit codes); `console`: its progress bars and tables.
-- `exporter`: the one streaming pass (read → dedupe → stats → filter → format → write) and its report.
+- `exporter`: the one streaming pass (read → dedupe → stats → filter → format → write); `report`: its
+  options and what it found.
+- `samples`: a prompt's samples (`--samples N`) gathered by prompt on disk, for one line per prompt.
 - `formats`: the line shapes and `FORMATS`, the one registry of them; `conversation`: the record as a
   conversation every format starts from; `tokenized`: the `input_ids` / `loss_mask` format.
 - `filters`, `dedupe`, `stats`: what is left out, what was seen, completion-length statistics.

@@ -16,8 +16,8 @@ from genfleet.export.console import RichProgress, print_findings, summary_table
 from genfleet.export.formats import FORMATS, BuiltFormat, FormatInputs
 
 if TYPE_CHECKING:
-    from genfleet.export.exporter import ExportOptions, ExportReport
     from genfleet.export.reconcile import Reconciler, RunLedger
+    from genfleet.export.report import ExportOptions, ExportReport
 
 # Exit codes a script can tell apart (typer's own usage errors exit 2).
 EXIT_INCOMPLETE = 1  # written, but reconciliation found prompts without a record (see manifest.json)
@@ -37,6 +37,8 @@ def export_command(
         help='tokenized: JSON for every dataset, e.g. \'{"thinking": false}\' (default: as enqueued)')] = None,
     drop_truncated: Annotated[bool, typer.Option(
         "--drop-truncated", help="Leave out completions cut at max_new_tokens")] = False,
+    drop_looped: Annotated[bool, typer.Option(
+        "--drop-looped", help="Leave out completions the loop guard stopped or flagged (finish_reason loop)")] = False,
     require_reasoning: Annotated[bool, typer.Option(
         "--require-reasoning", help="Leave out completions with empty reasoning")] = False,
     min_content_chars: Annotated[int, typer.Option(help="Leave out completions with less content than this")] = 0,
@@ -47,7 +49,8 @@ def export_command(
         help="Split each output into numbered files of at most this many records")] = None,
     per_dataset: Annotated[bool, typer.Option(help="Write datasets/{dataset}.jsonl")] = True,
     merged: Annotated[bool, typer.Option(help="Write all.jsonl with every dataset")] = True,
-    shuffle_buffer_mb: Annotated[int, typer.Option(help="Memory for one shuffle bucket")] = 256,
+    shuffle_buffer_mb: Annotated[int, typer.Option(
+        help="Memory for one bucket read back from disk (the shuffle's, and grouping samples by prompt)")] = 256,
     reconcile: Annotated[bool, typer.Option(
         help="Check the shards against the run in Redis; --no-reconcile for shards without their Redis")] = True,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
@@ -55,8 +58,8 @@ def export_command(
     """Export a run's shards (deduped, filtered, reconciled) as one training-ready dataset with a
     manifest. Exit 0: complete and verified; 1: written but incomplete (missing records, see
     manifest.json and missing.jsonl); 3: stopped on an error naming its file and line."""
-    from genfleet.export.exporter import ExportOptions
     from genfleet.export.filters import RecordFilters
+    from genfleet.export.report import ExportOptions
 
     _check_options(format_name, max_records_per_file, shuffle_buffer_mb, per_dataset, merged)
     # Findings go to stderr unwrapped, so a file:line in them stays whole for grep and scripts.
@@ -65,7 +68,9 @@ def export_command(
     built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs))
     options = ExportOptions(
         run=run, sources=tuple(from_dirs), out=out, format=format_name,
-        filters=RecordFilters(drop_truncated, require_reasoning, min_content_chars), shuffle=shuffle, seed=seed,
+        filters=RecordFilters(drop_truncated=drop_truncated, require_reasoning=require_reasoning,
+                              min_content_chars=min_content_chars, drop_looped=drop_looped),
+        shuffle=shuffle, seed=seed,
         max_records_per_file=max_records_per_file, per_dataset=per_dataset, merged=merged,
         shuffle_buffer_bytes=shuffle_buffer_mb << 20,
     )

@@ -2,8 +2,10 @@
 
 One streaming pass: read each shard line → keep the first record of each prompt → count it in the
 stats → filter → format → write (or, with `--shuffle`, spill to random buckets and write after).
-Memory holds one record at a time plus a bit per prompt (dedupe), a count per distinct completion
-length (stats) and, when shuffling, one bucket; it does not grow with the number of records.
+Samples (`--samples N`) of the formats that write a line per prompt are spilled to disk by prompt
+instead and written, one line per prompt, after the pass (`samples`). Memory holds one record at a
+time plus a bit per prompt (dedupe), a count per distinct completion length (stats) and, when
+shuffling or grouping samples, one bucket; it does not grow with the number of records.
 Then the dead letters (openai-batch's error file), reconciliation against Redis, the stats and
 `manifest.json`, which says whether the export is complete and hashes every file written.
 """
@@ -12,20 +14,18 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.shards import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
-from genfleet.export.conversation import FormatError
+from common.shards import Shard, ShardError, ShardLine, ShardReader, find_shards
+from genfleet.export.conversation import FormatError, Record
 from genfleet.export.dedupe import SeenRecords
-from genfleet.export.filters import RecordFilters
 from genfleet.export.formats import FORMATS, RecordFormatter
-from genfleet.export.reconcile import DatasetReconciliation, MissingRow, Reconciler, RunLedger
+from genfleet.export.reconcile import MissingRow, Reconciler, RunLedger
+from genfleet.export.report import ExportOptions, ExportReport
+from genfleet.export.samples import SampleGroups, prompt_id_of
 from genfleet.export.sinks import BucketShuffle, HashedFile, OutputFiles, WrittenFile
-from genfleet.export.stats import RunStats
 
 MANIFEST = "manifest.json"
 MISSING = "missing.jsonl"
@@ -52,75 +52,6 @@ class _NoProgress:
         pass
 
 
-@dataclass(frozen=True)
-class ExportOptions:
-    run: str
-    sources: tuple[Path, ...]
-    out: Path
-    format: str
-    filters: RecordFilters = field(default_factory=RecordFilters)
-    shuffle: bool = False
-    seed: int = 0
-    max_records_per_file: int | None = None
-    per_dataset: bool = True
-    merged: bool = True
-    shuffle_buffer_bytes: int = 256 << 20
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "format": self.format, "sources": [str(source.resolve()) for source in self.sources],
-            "drop_truncated": self.filters.drop_truncated, "require_reasoning": self.filters.require_reasoning,
-            "min_content_chars": self.filters.min_content_chars, "shuffle": self.shuffle,
-            "seed": self.seed if self.shuffle else None, "max_records_per_file": self.max_records_per_file,
-            "per_dataset": self.per_dataset, "merged": self.merged,
-        }
-
-
-@dataclass
-class DatasetTally:
-    """What the shards held for one dataset, and what became of it."""
-    records: int = 0  # unique records read
-    duplicates: int = 0
-    filtered: Counter[str] = field(default_factory=Counter)
-    exported: int = 0
-    torn_lines: int = 0
-    # Every record's id is `{dataset}/{row}`: the dataset has no ids of its own, so a missing
-    # row's id is known too.
-    index_keyed: bool = True
-
-
-@dataclass
-class ExportReport:
-    options: ExportOptions
-    tallies: dict[str, DatasetTally] = field(default_factory=dict)
-    stats: RunStats = field(default_factory=RunStats)
-    models: Counter[str] = field(default_factory=Counter)
-    torn: list[TornLine] = field(default_factory=list)
-    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
-    files: list[WrittenFile] = field(default_factory=list)
-    reconciliation: list[DatasetReconciliation] | None = None  # None: not checked
-    missing_rows: int = 0
-    error: str | None = None
-    histogram: bool = False  # stats.png written
-
-    def tally(self, dataset: str) -> DatasetTally:
-        tally = self.tallies.get(dataset)
-        if tally is None:
-            tally = self.tallies[dataset] = DatasetTally()
-        return tally
-
-    @property
-    def problems(self) -> list[str]:
-        found = [self.error] if self.error else []
-        for finding in self.reconciliation or []:
-            found += finding.problems
-        return found
-
-    @property
-    def complete(self) -> bool:
-        return not self.problems
-
-
 class Exporter:
     def __init__(self, options: ExportOptions, formatter: RecordFormatter, *, ledger: RunLedger | None = None,
                  reconciler: Reconciler | None = None, progress: Progress | None = None) -> None:
@@ -130,6 +61,8 @@ class Exporter:
         self.reconciler = reconciler
         self.progress = progress or _NoProgress()
         self.report = ExportReport(options)
+        self._grouping = FORMATS[options.format].samples  # None: a line per sample
+        self._samples: SampleGroups | None = None  # the read pass's, while it runs
 
     def run(self, write_manifest: Callable[[ExportReport], object]) -> ExportReport:
         """Exports, reconciles and writes the manifest (also when it stops on an error, marked
@@ -163,15 +96,19 @@ class Exporter:
         outputs = OutputFiles(options.out, max_records=options.max_records_per_file,
                               per_dataset=options.per_dataset, merged=options.merged)
         try:
-            if not options.shuffle:
-                self._read(shards, seen, outputs.write)
-                return
-            with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=options.out) as workdir:
+            # Spill files (shuffle buckets, samples by prompt) sit beside the output, on its disk,
+            # and go whatever happens.
+            with tempfile.TemporaryDirectory(prefix=".export-", dir=options.out) as scratch:
+                workdir = Path(scratch)
+                if not options.shuffle:
+                    self._read_and_group(shards, seen, workdir, outputs.write)
+                    return
                 expected = sum(shard.size for shard in shards) * FORMATS[options.format].expansion
-                shuffle = BucketShuffle(Path(workdir), expected_bytes=int(expected), seed=options.seed,
+                shuffle = BucketShuffle(workdir / "shuffle", expected_bytes=int(expected), seed=options.seed,
                                         max_bucket_bytes=options.shuffle_buffer_bytes)
                 tags: dict[str, int] = {}  # the shuffle labels each line with a small int, not a name
-                self._read(shards, seen, lambda dataset, data: shuffle.add(tags.setdefault(dataset, len(tags)), data))
+                self._read_and_group(shards, seen, workdir,
+                                     lambda dataset, data: shuffle.add(tags.setdefault(dataset, len(tags)), data))
                 names = {tag: name for name, tag in tags.items()}
                 self.progress.phase("writing shuffled", shuffle.lines)
                 for tag, data in shuffle.drain():
@@ -180,8 +117,28 @@ class Exporter:
         finally:
             self.report.files += outputs.close()
 
+    def _read_and_group(self, shards: list[Shard], seen: SeenRecords, workdir: Path,
+                        emit: Callable[[str, bytes], None]) -> None:
+        """The read pass, then the samples it set aside: one line per prompt where the format groups
+        them, and their count per prompt for the manifest in every format."""
+        self._samples = SampleGroups(workdir / "samples", expected_bytes=sum(shard.size for shard in shards),
+                                     max_bucket_bytes=self.options.shuffle_buffer_bytes)
+        try:
+            self._read(shards, seen, emit)
+            if not self._samples.added:
+                return
+            self.progress.phase("grouping samples", self._samples.added)
+            for dataset, prompt_id, samples in self._samples.drain():
+                self.report.tally(dataset).samples_per_prompt[len(samples)] += 1
+                if self._grouping is not None:
+                    emit(dataset, _json_line(self._grouping.line(prompt_id, samples)))
+                self.progress.advance(len(samples))
+        finally:
+            self._samples.close()
+
     def _read(self, shards: list[Shard], seen: SeenRecords, emit: Callable[[str, bytes], None]) -> None:
-        """Every shard line once: each record kept goes to `emit` as (dataset, output line)."""
+        """Every shard line once: each record kept goes to `emit` as (dataset, output line), or to
+        the sample groups."""
         reader = ShardReader(shards, self.options.run)
         self.progress.phase("reading shards", sum(shard.size for shard in shards))
         try:
@@ -196,18 +153,22 @@ class Exporter:
                 self.report.tally(torn.path.parent.name).torn_lines += 1
 
     def _take(self, line: ShardLine, seen: SeenRecords) -> tuple[str, bytes] | None:
-        """The record's dataset and output line, or None if it is a duplicate or filtered out."""
+        """The record's dataset and output line, or None if it is a duplicate, filtered out or a
+        sample set aside to be written with its prompt's others."""
         record, report = line.record, self.report
-        dataset, row, prompt_id = record["dataset"], record.get("row"), record["id"]
+        dataset, row, record_id = record["dataset"], record.get("row"), record["id"]
         tally = report.tally(dataset)
-        if not seen.first_time(dataset, row, prompt_id):
+        # A sample's id and row are its own ("{prompt id}#{k}", its own row slot): samples are
+        # distinct records here, only a sample written twice is a duplicate.
+        if not seen.first_time(dataset, row, record_id):
             tally.duplicates += 1
             if len(report.duplicate_examples) < DUPLICATE_EXAMPLES:
-                report.duplicate_examples.append({"id": prompt_id, "file": str(line.shard.path), "line": line.line})
+                report.duplicate_examples.append({"id": record_id, "file": str(line.shard.path), "line": line.line})
             return None
         tally.records += 1
-        if tally.index_keyed and (row is None or prompt_id != f"{dataset}/{row}"):
+        if tally.index_keyed and (row is None or record_id != f"{dataset}/{row}"):
             tally.index_keyed = False
+        tally.count_kind(record)
         report.stats.add(record)
         model = record.get("model") or ""
         if model in report.models or len(report.models) < 100:  # a few names per run; never unbounded
@@ -216,12 +177,17 @@ class Exporter:
         if reason is not None:
             tally.filtered[reason] += 1
             return None
-        try:
-            formatted = self.formatter(record)
-        except FormatError as error:
-            raise ExportError(f"{line.where}: {error}") from None
+        sample = record.get("sample")
+        assert self._samples is not None  # set by _read_and_group
+        if sample is not None and self._grouping is not None:
+            self._samples.add(dataset, prompt_id_of(record), sample, _formatted(line, self._grouping.part))
+            tally.exported += 1
+            return None
+        formatted = _json_line(_formatted(line, self.formatter))
+        if sample is not None:  # written on its own line; counted per prompt for the manifest
+            self._samples.add(dataset, prompt_id_of(record), sample)
         tally.exported += 1
-        return dataset, _json_line(formatted)
+        return dataset, formatted
 
     def _write_dead_letters(self) -> None:
         """The prompts that failed for good, as the format's error file (openai-batch's is the one
@@ -259,6 +225,13 @@ class Exporter:
         finally:
             if missing_file is not None:
                 report.files.append(missing_file.close())
+
+
+def _formatted(line: ShardLine, formatter: Callable[[Record], Any]) -> Any:
+    try:
+        return formatter(line.record)
+    except FormatError as error:
+        raise ExportError(f"{line.where}: {error}") from None
 
 
 def _json_line(value: dict[str, Any]) -> bytes:

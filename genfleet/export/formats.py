@@ -15,6 +15,19 @@ Line shapes (one JSON object per line):
 - tokenized:    {"id", "input_ids", "loss_mask"} (genfleet/export/tokenized.py)
 `reasoning_content` is present on generated turns with non-empty reasoning; prompt messages are
 passed through as they are.
+
+Samples (`--samples N`, records carrying `sample` k and the id `{prompt id}#{k}`): specforge and
+openai write ONE line per prompt, gathered across shards by `samples.SampleGroups`:
+- specforge:    {"id": prompt id, "conversations": [prompt messages], "samples": [[assistant message,
+                ...] per sample], "sample_indices": [k, ...]}
+- openai:       {"id": prompt id, "messages": [prompt messages], "samples": [...], "sample_indices": [...]}
+`samples` holds, in sample order, each sample's generated assistant message(s) (one, or every
+generated turn in order with `--regenerate all`); `sample_indices` holds each one's k, parallel to it
+(samples that were filtered out leave gaps). The prompt messages are the record's `messages`, no reply
+appended (with `--regenerate all`: as the lowest sample kept saw them, its earlier replies in place).
+openai-batch, sharegpt and tokenized keep one line per sample, under the sample's own id (openai-
+batch's `custom_id` is that id without `{dataset}/`, e.g. `req-7#2`). Records without `sample` are
+written exactly as above.
 """
 from __future__ import annotations
 
@@ -38,6 +51,8 @@ if TYPE_CHECKING:
 RecordFormatter = Callable[[Record], dict[str, Any]]
 # A dead letter (prompt id, dataset, error class, message) as a line of a format's error file.
 ErrorLine = Callable[[str, str, str, str], dict[str, Any]]
+# A prompt id and its samples' parts, (k, part) in sample order, as one line's JSON object.
+GroupFormatter = Callable[[str, list[tuple[int, Any]]], dict[str, Any]]
 
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 
@@ -127,6 +142,30 @@ def openai_batch_error_line(prompt_id: str, dataset: str, error_class: str, mess
     }
 
 
+def sample_part(record: Record) -> dict[str, Any]:
+    """What a grouped line needs of one sample: its prompt and its generated assistant message(s)."""
+    conversation = conversation_of(record)  # checks the record as the one-line formats do
+    return {"prompt": record["messages"], "reply": [turn.message() for turn in conversation.turns]}
+
+
+def grouped_formatter(messages_key: str) -> GroupFormatter:
+    """One line for a prompt's samples, the prompt under `messages_key` (see the module docstring)."""
+    def grouped_line(prompt_id: str, samples: list[tuple[int, Any]]) -> dict[str, Any]:
+        return {"id": prompt_id, messages_key: samples[0][1]["prompt"],
+                "samples": [part["reply"] for _, part in samples], "sample_indices": [k for k, _ in samples]}
+
+    return grouped_line
+
+
+@dataclass(frozen=True)
+class SampleGrouping:
+    """How a per-conversation format writes a prompt's samples as one line: `part` keeps what the
+    line needs of one sample record (JSON-able: it waits on disk), `line` joins a prompt's parts,
+    given in sample order."""
+    part: Callable[[Record], Any]
+    line: GroupFormatter
+
+
 @dataclass(frozen=True)
 class FormatInputs:
     """What building a formatter may use besides the records: the run as Redis holds it (None with
@@ -149,6 +188,8 @@ class ExportFormat:
     expansion: float = 1.0
     # The error file's line for a dead letter, where the format has one (`all.errors.jsonl`).
     error_line: ErrorLine | None = None
+    # One line per prompt for its samples, where the format groups them; None: a line per sample.
+    samples: SampleGrouping | None = None
 
 
 def _fixed(formatter: RecordFormatter) -> Callable[[FormatInputs], BuiltFormat]:
@@ -186,9 +227,10 @@ def _build_tokenized(inputs: FormatInputs) -> BuiltFormat:
 
 
 FORMATS: dict[str, ExportFormat] = {spec.name: spec for spec in (
-    ExportFormat("specforge", _fixed(specforge_line)),
+    ExportFormat("specforge", _fixed(specforge_line),
+                 samples=SampleGrouping(sample_part, grouped_formatter("conversations"))),
     ExportFormat("sharegpt", _build_sharegpt),
-    ExportFormat("openai", _fixed(openai_line)),
+    ExportFormat("openai", _fixed(openai_line), samples=SampleGrouping(sample_part, grouped_formatter("messages"))),
     ExportFormat("openai-batch", _fixed(openai_batch_line), error_line=openai_batch_error_line),
     ExportFormat("tokenized", _build_tokenized, expansion=3.0),
 )}

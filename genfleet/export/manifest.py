@@ -3,6 +3,11 @@ sha256 of every file written (all but the manifest itself), so a trainer can ver
 
 `complete` is false when the export stopped on an error or reconciliation found prompts without a
 record; `verified` is true only when reconciliation against Redis ran and passed.
+
+Per dataset, besides the counts: `looped`, `continued`, `regenerated` (of the unique records read,
+before filters: the loop guard's findings, completions continued past a cut, completions asked again
+with a larger budget) and `samples` (null without `--samples`; else the exported samples: `records`,
+`prompts` they answer, and `per_prompt`, prompts by how many samples they kept, e.g. {"4": 998, "3": 2}).
 """
 from __future__ import annotations
 
@@ -13,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from common.keys import ManifestFields
-from genfleet.export.exporter import MANIFEST, MISSING, DatasetTally, ExportReport
+from genfleet.export.exporter import MANIFEST, MISSING
 from genfleet.export.reconcile import RunLedger
+from genfleet.export.report import DatasetTally, ExportReport
 
 MANIFEST_VERSION = 1
 _COUNTS = ("input", "done", "dead", "rejected", "skipped")
+_SUMMED = (*_COUNTS, "records", "duplicates_dropped", "filtered", "exported", "torn_lines", "looped", "continued",
+           "regenerated")
 
 
 def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir: str | None) -> dict[str, Any]:
@@ -35,6 +43,10 @@ def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir
             "filtered_by_reason": dict(sorted(tally.filtered.items())),
             "exported": tally.exported,
             "torn_lines": tally.torn_lines,
+            "looped": tally.looped,
+            "continued": tally.continued,
+            "regenerated": tally.regenerated,
+            "samples": tally.samples_summary(),
         }
     models = sorted(model for model in report.models if model)
     return {
@@ -56,8 +68,8 @@ def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir
         },
         "reasoning_parser": config.get("reasoning_parser"),
         "datasets": datasets,
-        "totals": {key: _sum(row.get(key) for row in datasets.values())
-                   for key in (*_COUNTS, "records", "duplicates_dropped", "filtered", "exported", "torn_lines")},
+        "totals": {**{key: _sum(row.get(key) for row in datasets.values()) for key in _SUMMED},
+                   "samples": _all_samples(report)},
         "torn_lines": [{"file": str(torn.path), "line": torn.line, "bytes": torn.size} for torn in report.torn],
         "duplicates": {"dropped": sum(t.duplicates for t in report.tallies.values()),
                        "examples": report.duplicate_examples},
@@ -87,6 +99,13 @@ def _reconciliation(report: ExportReport) -> dict[str, Any]:
         "missing_file": MISSING if report.missing_rows else None,
         "datasets": {finding.dataset: finding.to_dict() for finding in report.reconciliation},
     }
+
+
+def _all_samples(report: ExportReport) -> dict[str, Any] | None:
+    every = DatasetTally()
+    for tally in report.tallies.values():
+        every.samples_per_prompt.update(tally.samples_per_prompt)
+    return every.samples_summary()
 
 
 def _sum(values: Any) -> int | None:

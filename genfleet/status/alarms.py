@@ -1,6 +1,6 @@
 """The problems `genfleet status` puts in red: one line each, saying what is wrong and what to check.
 
-Data quality (empty reasoning, truncation) is judged per dataset once it has a few completions;
+Data quality (empty reasoning, truncation, loops) is judged per dataset once it has a few completions;
 fleet health (errors, no progress, upstreams, no workers) per run.
 """
 from __future__ import annotations
@@ -12,6 +12,9 @@ from genfleet.status.snapshot import RunStatus
 # Shares of a dataset's completions, once it has a few.
 EMPTY_REASONING_ALARM = 0.05
 TRUNCATION_ALARM = 0.10
+# Degenerate repetition is rarer than truncation and each one can burn a whole max_new_tokens
+# budget, so a lower share is already worth a look.
+LOOP_ALARM = 0.02
 ALARM_MIN_SAMPLES = 5
 # Failed attempts (retried or not) over all attempts in the last 10 minutes, once there are a few.
 ERROR_RATE_ALARM = 0.05
@@ -25,6 +28,7 @@ class AlarmSettings:
     no_progress_s: float = NO_PROGRESS_S
     error_rate: float = ERROR_RATE_ALARM
     truncation: float = TRUNCATION_ALARM
+    loop: float = LOOP_ALARM
 
 
 DEFAULT_ALARMS = AlarmSettings()
@@ -53,6 +57,10 @@ def quality_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
         if d.truncated / d.done > settings.truncation:
             lines.append(f"{d.dataset}: {100 * d.truncated / d.done:.0f}% of completions stopped at "
                          "max_new_tokens (finish_reason length): raise the cap or expect cut-off answers")
+        if d.looped / d.done > settings.loop:
+            lines.append(f"{d.dataset}: {100 * d.looped / d.done:.1f}% of completions looped (finish_reason loop: "
+                         f"the loop guard saw a degenerate repetition; {d.looped_tokens:,} completion tokens): "
+                         "check the sampling (temperature, repetition penalty) and the chat template")
     return lines
 
 

@@ -1,5 +1,6 @@
 """How `genfleet status` shows a `RunStatus`: a rich table (one row per dataset with progress, rates
-over the last 1 and 10 minutes, completion lengths, quality shares and ETA; one per partition; the
+over the last 1 and 10 minutes, completion lengths, quality shares (truncated, looped, empty
+reasoning) and ETA; one per partition; the
 upstreams; alarms in red) and the same as one JSON object. No Redis here.
 """
 from __future__ import annotations
@@ -37,7 +38,8 @@ def dataset_table(status: RunStatus) -> Table:
              + (f" · ETA {_eta(status.totals.eta)}" if not status.finished else " · finished"))
     table = Table(title=title, title_justify="left")
     for column in ("dataset", "partition", "total", "done", "in flight", "failed", "rejected", "skipped",
-                   "req/min 1m·10m", "tok/s 1m·10m", "tokens p50·mean·p99", "trunc %", "empty reas. %", "ETA"):
+                   "req/min 1m·10m", "tok/s 1m·10m", "tokens p50·mean·p99", "trunc %", "loop %", "empty reas. %",
+                   "ETA"):
         table.add_column(column, justify="left" if column in ("dataset", "partition") else "right")
     rows = status.datasets + ([status.totals] if len(status.datasets) > 1 else [])
     for row in rows:
@@ -46,7 +48,8 @@ def dataset_table(status: RunStatus) -> Table:
             escape(d.dataset), _partitions(row), f"{d.total:,}", f"{d.done:,}", f"{row.in_flight:,}",
             _alert(d.failed), f"{d.rejected:,}", f"{d.skipped:,}",
             _pair(row.rates, lambda t: t.req_per_min), _pair(row.rates, lambda t: t.tok_per_s),
-            _lengths(row.lengths), _percent(d.truncated, d.done), _percent(d.empty_reasoning, d.done),
+            _lengths(row.lengths), _percent(d.truncated, d.done), _percent(d.looped, d.done),
+            _percent(d.empty_reasoning, d.done),
             _eta(row.eta) if d.pending else "done",
             end_section=row is status.totals or row is rows[-1],
         )
@@ -109,9 +112,10 @@ def duration(seconds: float) -> str:
 
 
 def wide_console() -> Console:
-    """The table needs ~190 columns; a pipe or a log file gets them, a terminal keeps its width."""
+    """The table needs ~215 columns with a million-prompt run's numbers; a pipe or a log file gets
+    them, a terminal keeps its width."""
     console = Console()
-    return console if console.is_terminal else Console(width=200)
+    return console if console.is_terminal else Console(width=220)
 
 
 # --- JSON --------------------------------------------------------------------------------------
@@ -137,10 +141,15 @@ def dataset_json(row: DatasetStatus) -> dict[str, Any]:
         **asdict(d), "pending": d.pending, "in_flight": row.in_flight, "done_by_partition": row.done_by_partition,
         "rates": _rates_json(row.rates),
         "completion_tokens_stats": asdict(row.lengths),
-        "truncated_pct": round(100 * d.truncated / d.done, 2) if d.done else None,
-        "empty_reasoning_pct": round(100 * d.empty_reasoning / d.done, 2) if d.done else None,
+        "truncated_pct": _share_pct(d.truncated, d.done),
+        "looped_pct": _share_pct(d.looped, d.done),
+        "empty_reasoning_pct": _share_pct(d.empty_reasoning, d.done),
         "eta": asdict(row.eta) if row.eta is not None else None,
     }
+
+
+def _share_pct(part: int, whole: int) -> float | None:
+    return round(100 * part / whole, 2) if whole else None
 
 
 def _rates_json(rates: dict[str, Throughput]) -> dict[str, Any]:

@@ -32,6 +32,12 @@ class DatasetProgress:
     empty_content: int
     aborted: int
     integrity: int
+    # Newer counters (the loop guard, truncation handling): 0 where a run predates them, and
+    # defaulted so a progress built by hand without them still reads.
+    looped: int = 0
+    looped_tokens: int = 0  # completion tokens the looped completions cost
+    continued: int = 0
+    regenerated: int = 0
 
     @property
     def pending(self) -> int:
