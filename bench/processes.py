@@ -166,10 +166,10 @@ class Processes:
         wait_for(lambda: httpx.get(f"{url}/health", timeout=1).status_code == 200, name, child)
         return child, url
 
-    def start_worker(self, name: str, env: dict[str, str], upstreams: list[str]) -> Child:
-        """`genfleet worker --pool short` at its default log level, as a user runs it; not yet
-        ready on return (see `wait_ready`)."""
-        command = genfleet("worker", "--pool", "short", "--metrics-port", str(free_port()))
+    def start_worker(self, name: str, env: dict[str, str], upstreams: list[str], pool: str = "short") -> Child:
+        """`genfleet worker --pool short` (or long) at its default log level, as a user runs it; not
+        yet ready on return (see `wait_ready`)."""
+        command = genfleet("worker", "--pool", pool, "--metrics-port", str(free_port()))
         for url in upstreams:
             command += ["--upstream", url]
         return self.start(name, command, env)

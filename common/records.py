@@ -154,3 +154,4 @@ class Turn:
     usage: Usage
     upstream: str
     output_ids: list[int] | None = None
+    loop: dict[str, int] | None = None

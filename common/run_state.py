@@ -33,12 +33,10 @@ COUNTER_FIELDS = (
     "prompt_tokens", "completion_tokens", "reasoning_tokens",
     # Data-quality counters: a reasoning model with empty reasoning is the classic silent bug.
     "truncated", "empty_reasoning", "empty_content", "aborted",
-    # Attempts whose stream contradicted itself (nothing was written; the prompt was retried).
-    "integrity",
-    # The loop guard: completions that repeated themselves degenerately, and the tokens they cost.
-    "looped", "looped_tokens",
-    # Truncation handling: completions continued past a cut, and asked again with a larger budget.
-    "continued", "regenerated",
+    # `integrity`: attempts whose stream contradicted itself (nothing written; retried). `looped`:
+    # completions the loop guard stopped or flagged, and the tokens they cost. `continued` and
+    # `regenerated`: completions cut at max_new_tokens that were continued or asked again.
+    "integrity", "looped", "looped_tokens", "continued", "regenerated",
 )
 
 _SUSPECTS = "suspects:"  # field prefix in the run's `unaccounted` hash
@@ -72,10 +70,8 @@ class Outcome:
             "truncated": int(self.truncated),
             "empty_reasoning": int(self.empty_reasoning),
             "empty_content": int(self.empty_content),
-            "looped": int(self.looped),
-            "looped_tokens": self.completion_tokens if self.looped else 0,
-            "continued": int(self.continued),
-            "regenerated": int(self.regenerated),
+            "looped": int(self.looped), "looped_tokens": self.completion_tokens if self.looped else 0,
+            "continued": int(self.continued), "regenerated": int(self.regenerated),
         }
 
 

@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     # gives its message back to the queue.
     min_free_disk_mb: int = 1024
     disk_wait_s: float = 30.0
+    # The loop guard's thresholds, in tokens (workers/loop_guard.py; unset: its defaults, justified
+    # there). A repetition is a loop when a unit of at most `loop_max_period` tokens repeats at
+    # least `loop_min_repeats` times in a row over at least `loop_min_span` tokens.
+    loop_max_period: int | None = None
+    loop_min_repeats: int | None = None
+    loop_min_span: int | None = None
 
     long_threshold_tokens: int = 16384
     max_new_tokens_short: int = 10240

@@ -95,6 +95,19 @@ def enqueue_command(
         help="Keep each queue at most this deep, waiting for workers to drain it (default 15,000 short, "
              "3,200 long; 0: no limit)")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Rows per batch; each batch is published atomically")] = None,
+    loop_guard: Annotated[str | None, typer.Option(
+        help="A completion that repeats itself degenerately: abort (stop it at once, free the server's slot, "
+             "keep the partial text with finish_reason 'loop'), flag (let it run, mark it), off "
+             "(default: abort)")] = None,
+    on_truncated: Annotated[str | None, typer.Option(
+        help="A completion cut at max_new_tokens: keep it, continue it on the long queue from where it stopped "
+             "(recommended; /generate only), or regenerate it with the larger budget (default: keep)")] = None,
+    max_new_tokens_total: Annotated[int | None, typer.Option(
+        help="The most completion tokens over all parts of a continued or regenerated completion "
+             "(default: the long partition's max_new_tokens)")] = None,
+    samples: Annotated[int | None, typer.Option(
+        help="Completions per prompt (ids ID#0..ID#N-1), each with its own sampling_seed derived from the "
+             "prompt id (default: 1)")] = None,
     new_run: Annotated[bool, typer.Option(
         "--new-run", help="If the run exists with another config, enqueue into a fresh run "
                           "RUN-cfg<hash> instead of refusing")] = False,
@@ -113,7 +126,8 @@ def enqueue_command(
         "--max-new-tokens-long": max_new_tokens_long, "--max-new-tokens": max_new_tokens,
         "--context-length": context_length, "--max-prompts": max_prompts,
         "--max-tokens-per-dataset": max_tokens_per_dataset, "--max-queue-depth": max_queue_depth,
-        "--batch-size": batch_size}, pairs, flags))
+        "--batch-size": batch_size, "--max-new-tokens-total": max_new_tokens_total,
+        "--samples": samples}, pairs, flags))
     cli = CliOptions(
         datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
         redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold,
@@ -124,10 +138,17 @@ def enqueue_command(
         chat_template_kwargs=_pairs(chat_template_kwarg, "--chat-template-kwarg"), thinking=thinking,
         regenerate=regenerate, keep_token_ids=keep_token_ids, row_format=format, prompt_field=prompt_field,
         max_prompts=max_prompts, max_tokens_per_dataset=max_tokens_per_dataset, max_queue_depth=max_queue_depth,
-        batch_size=batch_size,
+        batch_size=batch_size, loop_guard=loop_guard, on_truncated=on_truncated,
+        max_new_tokens_total=max_new_tokens_total, samples=samples,
     )
     try:
-        config = resolve(cli, load_run_file(run_file) if run_file else None, Settings())
+        settings = Settings()
+        config = resolve(cli, load_run_file(run_file) if run_file else None, settings)
+        if settings.api == "chat" and any(d.on_truncated == "continue" for d in config.datasets):
+            # The chat API returns text, not the token ids a continuation's prompt is built from.
+            console.print("note: GENFLEET_API=chat: workers regenerate truncated completions with the larger "
+                          "budget instead of continuing them (continue needs /generate's token ids)",
+                          soft_wrap=True)
         for dataset in config.datasets:
             open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
         templater = PromptTemplater(config.tokenizer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from producer.publisher import PublishResult
 from producer.readers import MalformedRow, SourceRow, open_dataset
 from producer.report import DatasetReport, rejection_kind
 from producer.run_config import DatasetConfig, RunConfig
+from producer.samples import sample_payload, sample_slots
 from producer.templating import PromptTemplater
 
 
@@ -90,33 +91,37 @@ class _BatchPass:
         """The batch's encoded tasks and rejections, and whether max_prompts is reached (stop reading)."""
         rejections: list[RowRejection] = []
         candidates = [c for c in (self._candidate(item, rejections) for item in batch) if c is not None]
+        samples = self.dataset.samples
         # Earlier batches may still be publishing: their rows are others, so this answer holds.
-        enqueued, done = self.destination.claims(self.dataset.name, [c.source.row for c in candidates])
-        fresh = [c for c in candidates if c.source.row not in enqueued and c.source.row not in done]
+        enqueued, done = self.destination.claims(
+            self.dataset.name, [slot for c in candidates for slot in sample_slots(c.source.row, samples)])
+        claimed = enqueued | done
+        fresh = [c for c in candidates if not claimed.issuperset(sample_slots(c.source.row, samples))]
         token_ids = iter(self.templater.render([c.messages for c in fresh], self.dataset.chat_template_kwargs))
         tasks: list[OutgoingTask] = []
         now = time.time()
         cut_row = None
         for candidate in candidates:
-            row = candidate.source.row
-            if row in enqueued or row in done:
-                self.report.already_queued += row in enqueued
-                self.report.already_done += row in done
+            slots = sample_slots(candidate.source.row, samples)
+            self.report.already_queued += len(enqueued.intersection(slots))
+            self.report.already_done += len(done.intersection(slots))
+            if claimed.issuperset(slots):
                 self.accepted += 1
             else:
-                task = self._task(candidate, next(token_ids), now, rejections)
-                if task is None:
+                new = self._tasks(candidate, next(token_ids), now, rejections, [s for s in slots if s not in claimed])
+                if not new:
                     continue
-                tasks.append(task)
+                tasks += new
                 self.accepted += 1
             if self.dataset.max_prompts is not None and self.accepted >= self.dataset.max_prompts:
-                cut_row = row
+                cut_row = candidate.source.row
                 break
         if cut_row is not None:  # rows after the cut were never considered: no verdict on them
             rejections = [r for r in rejections if r.row < cut_row]
         for rejection in rejections:
             self.report.reject(rejection, rejection_kind(rejection.reason))
-        return tasks, rejections, cut_row is not None
+        # A rejected prompt is recorded once, at its first sample's slot.
+        return tasks, [replace(r, row=r.row * samples) for r in rejections], cut_row is not None
 
     def _candidate(self, item: SourceRow | MalformedRow, rejections: list[RowRejection]) -> _Candidate | None:
         if isinstance(item, MalformedRow):
@@ -136,8 +141,9 @@ class _BatchPass:
         messages = prompt.messages if self.config.regenerate == "all" else last_turn
         return _Candidate(item, f"{self.dataset.name}/{key.text}", messages, prompt.max_tokens)
 
-    def _task(self, candidate: _Candidate, ids: list[int], now: float,
-              rejections: list[RowRejection]) -> OutgoingTask | None:
+    def _tasks(self, candidate: _Candidate, ids: list[int], now: float, rejections: list[RowRejection],
+               slots: list[int]) -> list[OutgoingTask]:
+        """One task per sample slot not yet claimed (one slot without `--samples`); none when rejected."""
         dataset, prompt_tokens = self.dataset, len(ids)
         row_cap = candidate.max_tokens
         short_cap = dataset.max_new_tokens["short"]
@@ -151,23 +157,30 @@ class _BatchPass:
         if too_long:
             source = candidate.source
             rejections.append(RowRejection(source.row, source.file, source.line, too_long))
-            return None
-        if self.context_length is not None and self.config.context_rule == "clip":
-            max_new_tokens = min(max_new_tokens, self.context_length - prompt_tokens)
-        payload = TaskPayload(
+            return []
+        total = dataset.max_new_tokens_total
+        if self.context_length is not None:
+            total = min(total, self.context_length - prompt_tokens)
+            if self.config.context_rule == "clip":
+                max_new_tokens = min(max_new_tokens, self.context_length - prompt_tokens)
+        base = TaskPayload(
             run=self.run, id=candidate.id, dataset=dataset.name, row=candidate.source.row, partition=partition,
             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, messages=candidate.messages,
             # With every turn regenerated, the worker templates each turn itself.
             input_ids=ids if self.config.regenerate == "last" else None,
             sampling=dataset.sampling, chat_template_kwargs=dataset.chat_template_kwargs, enqueued_at=now,
             keep_token_ids=self.config.keep_token_ids, regenerate=self.config.regenerate,
-            max_tokens_per_dataset=dataset.max_tokens_per_dataset,
+            max_tokens_per_dataset=dataset.max_tokens_per_dataset, loop_guard=dataset.loop_guard,
+            on_truncated=dataset.on_truncated, max_new_tokens_total=max(total, max_new_tokens),
         )
-        # A dataclass's __dict__ is asdict() without the deep copy of every message.
-        task = self.destination.encode(candidate.source.row, partition, payload.__dict__, payload.argsrepr())
-        self.report.prompt_tokens[partition].append(prompt_tokens)
-        self.report.message_bytes[partition] += len(task.message)
-        return task
+        tasks = []
+        for slot in slots:
+            payload = base if dataset.samples == 1 else sample_payload(base, slot, dataset.samples)
+            # A dataclass's __dict__ is asdict() without the deep copy of every message.
+            tasks.append(self.destination.encode(slot, partition, payload.__dict__, payload.argsrepr()))
+            self.report.message_bytes[partition] += len(tasks[-1].message)
+        self.report.prompt_tokens[partition].extend([prompt_tokens] * len(slots))
+        return tasks
 
     def _too_long(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
         context = self.context_length

@@ -19,6 +19,8 @@ from producer.validation import dataset_name_problem, run_name_problem, sampling
 
 T = TypeVar("T")
 CONTEXT_RULES = ("reserve", "clip")
+LOOP_GUARDS = ("abort", "flag", "off")
+ON_TRUNCATED = ("keep", "continue", "regenerate")
 
 
 class ConfigError(ValueError):
@@ -68,6 +70,10 @@ class CliOptions:
     max_tokens_per_dataset: int | None = None
     max_queue_depth: int | None = None
     batch_size: int | None = None
+    loop_guard: str | None = None
+    on_truncated: str | None = None
+    max_new_tokens_total: int | None = None
+    samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,15 +88,34 @@ class DatasetConfig:
     max_tokens_per_dataset: int | None
     sampling: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
+    # "abort" | "flag" | "off": what a degenerate repetition does (workers/loop_guard.py).
+    loop_guard: str = "abort"
+    # "keep" | "continue" | "regenerate": what a completion cut at max_new_tokens becomes.
+    on_truncated: str = "keep"
+    # The most completion tokens over all parts of a continued (or regenerated) completion.
+    max_new_tokens_total: int = 0
+    # Completions per prompt; each its own task and row slot (`row * samples + k`).
+    samples: int = 1
 
     def identity(self) -> dict[str, Any]:
         """What decides this dataset's prompts and completions: a re-run must not change it.
-        Not in it: the source path (files move), the pin, `max_prompts` (a re-run may raise it)."""
-        return {
+        Not in it: the source path (files move), the pin, `max_prompts` (a re-run may raise it).
+        The loop and truncation keys enter only when set away from their defaults, so a run
+        enqueued before they existed resumes under the same identity."""
+        identity = {
             "row_format": self.row_format, "prompt_field": self.prompt_field,
             "max_new_tokens": dict(self.max_new_tokens), "max_tokens_per_dataset": self.max_tokens_per_dataset,
             "sampling": dict(self.sampling), "chat_template_kwargs": dict(self.chat_template_kwargs),
         }
+        # `samples` changes which bit is which prompt: a re-run with another count must refuse.
+        if self.samples != 1:
+            identity["samples"] = self.samples
+        if self.on_truncated != "keep":
+            identity["on_truncated"] = self.on_truncated
+            identity["max_new_tokens_total"] = self.max_new_tokens_total
+        if self.loop_guard != "abort":
+            identity["loop_guard"] = self.loop_guard
+        return identity
 
 
 @dataclass(frozen=True)
@@ -132,15 +157,23 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
     regenerate = _first(cli.regenerate, top.regenerate, "last")
     if regenerate not in ("last", "all"):
         raise ConfigError(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
+    for flag, value, allowed in (("--loop-guard", cli.loop_guard, LOOP_GUARDS),
+                                 ("--on-truncated", cli.on_truncated, ON_TRUNCATED)):
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
     if cli.row_format is not None and cli.row_format not in ROW_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(ROW_FORMATS)}, not {cli.row_format!r}")
     if problems := settings_problems(settings):
         raise ConfigError(problems[0])
     depth = _first(cli.max_queue_depth, top.max_queue_depth, settings.max_queue_depth)
+    datasets = _datasets(cli, top, settings)
+    if regenerate == "all" and (cut := [d.name for d in datasets if d.on_truncated != "keep"]):
+        raise ConfigError(f"--on-truncated continue/regenerate works on one reply (--regenerate last); "
+                          f"dataset {cut[0]!r} has --regenerate all")
     return RunConfig(
         run=run, tokenizer=tokenizer,
         redis_url=_first(cli.redis_url, top.redis_url, settings.redis_url),
-        datasets=_datasets(cli, top, settings),
+        datasets=datasets,
         long_threshold=_first(cli.long_threshold, top.long_threshold, settings.long_threshold_tokens),
         context_length=_first(cli.context_length, top.context_length),
         context_rule=context_rule, regenerate=regenerate,
@@ -165,7 +198,20 @@ def _datasets(cli: CliOptions, top: RunFile, settings: Settings) -> tuple[Datase
         for key, value in configs[-1].sampling.items():
             if problem := sampling_problem(key, value):
                 raise ConfigError(f"dataset {name!r}, sampling (--sampling or the run file): {problem}")
+        if problem := _generation_problem(configs[-1]):
+            raise ConfigError(f"dataset {name!r}: {problem}")
     return tuple(configs)
+
+
+def _generation_problem(dataset: DatasetConfig) -> str | None:
+    """Loop, truncation and sample options that contradict the rest of the dataset's config."""
+    if dataset.samples > 1 and dataset.sampling.get("temperature") == 0:
+        return (f"--samples {dataset.samples} with temperature 0 would generate the same completion "
+                f"{dataset.samples} times: raise --temperature or drop --samples")
+    if dataset.max_new_tokens_total < max(dataset.max_new_tokens.values()):
+        return (f"--max-new-tokens-total {dataset.max_new_tokens_total} is below the dataset's "
+                f"max_new_tokens {max(dataset.max_new_tokens.values())}")
+    return None
 
 
 def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliOptions, top: RunFile,
@@ -178,6 +224,10 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
                           per_partition[partition][1], top.max_new_tokens, defaults[partition])
         for partition in PARTITIONS
     }
+    loop_guard = _first(cli.loop_guard, entry.loop_guard, top.loop_guard, "abort")
+    on_truncated = _first(cli.on_truncated, entry.on_truncated, top.on_truncated, "keep")
+    total = _first(cli.max_new_tokens_total, entry.max_new_tokens_total, top.max_new_tokens_total,
+                   max_new_tokens["long"])
     return DatasetConfig(
         name=name,
         source=str(spec.path) if spec is not None else entry.path,
@@ -192,6 +242,8 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
         chat_template_kwargs={**top.chat_template_kwargs, **_thinking(top.thinking),
                               **entry.chat_template_kwargs, **_thinking(entry.thinking),
                               **cli.chat_template_kwargs, **_thinking(cli.thinking)},
+        loop_guard=loop_guard, on_truncated=on_truncated, max_new_tokens_total=total,
+        samples=_first(cli.samples, entry.samples, top.samples, 1),
     )
 
 

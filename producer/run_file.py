@@ -17,6 +17,8 @@ so a typo never silently falls back to a default.
     path = "data/swe.parquet"
     partition = "long"
     chat_template_kwargs = { thinking = false }
+    on_truncated = "continue"               # per dataset too: loop_guard, on_truncated,
+    samples = 4                             # max_new_tokens_total, samples
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ else:  # pragma: no cover
 Partition = Literal["short", "long"]
 ContextRule = Literal["reserve", "clip"]
 Regenerate = Literal["last", "all"]
+LoopGuard = Literal["abort", "flag", "off"]
+OnTruncated = Literal["keep", "continue", "regenerate"]
 
 
 class RunFileError(ValueError):
@@ -58,6 +62,10 @@ class DatasetEntry(_Strict):
     sampling: dict[str, Any] = {}
     chat_template_kwargs: dict[str, Any] = {}
     thinking: bool | None = None
+    loop_guard: LoopGuard | None = None
+    on_truncated: OnTruncated | None = None
+    max_new_tokens_total: int | None = Field(default=None, ge=1)
+    samples: int | None = Field(default=None, ge=1)
 
 
 class RunFile(_Strict):
@@ -81,6 +89,10 @@ class RunFile(_Strict):
     keep_token_ids: bool | None = None
     max_queue_depth: int | None = Field(default=None, ge=0)
     batch_size: int | None = Field(default=None, ge=1)
+    loop_guard: LoopGuard | None = None
+    on_truncated: OnTruncated | None = None
+    max_new_tokens_total: int | None = Field(default=None, ge=1)
+    samples: int | None = Field(default=None, ge=1)
     datasets: dict[str, DatasetEntry] = {}
 
 

@@ -14,7 +14,7 @@ from common.names import name_problem
 MINIMUMS = {
     "--long-threshold": 1, "--max-new-tokens-short": 1, "--max-new-tokens-long": 1, "--max-new-tokens": 1,
     "--context-length": 1, "--max-prompts": 1, "--max-tokens-per-dataset": 1, "--max-queue-depth": 0,
-    "--batch-size": 1,
+    "--batch-size": 1, "--max-new-tokens-total": 1, "--samples": 1,
 }
 # The sampling keys with a dedicated flag; any other goes through --sampling KEY=VALUE.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -20,16 +21,15 @@ from common.queues import GENERATE_TASK
 from common.reasoning import get_format, starts_in_reasoning
 from common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from common.run_state import Outcome
-from common.tokenizer import render_prompts
 from workers import telemetry
 from workers.disk import DiskUnwritable
 from workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
 from workers.failures import handle_failure
+from workers.generation import BudgetSpent, generate_turns
 from workers.runtime import WorkerRuntime
 from workers.sglang.client import Generation
-from workers.sglang.requests import chat_body, generate_body
 from workers.shard_writer import ShardWriteFailed
-from workers.turns import history_before, reply_positions
+from workers.truncation import Continuation, follow_up
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,13 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
     def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
         payload = TaskPayload.from_dict(raw_payload)
+
+        def publish(task: TaskPayload, note: str) -> None:
+            # Our own argsrepr, or Flower would show the whole payload (and a continuation's ids).
+            self.apply_async(args=[task.to_dict()], queue=task.partition, argsrepr=task.argsrepr(note))
+
         try:
-            return complete(payload, runtime)
+            return complete(payload, runtime, publish)
         except ShutdownRequested:
             raise Reject("worker shutting down", requeue=True) from None
         except (DiskUnwritable, redis.RedisError) as error:
@@ -60,7 +65,8 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
     return generate
 
 
-def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
+def complete(payload: TaskPayload, runtime: WorkerRuntime,
+             publish: Callable[[TaskPayload, str], None]) -> dict[str, Any]:
     # Before any GPU time or file: a run or dataset name that could leave the output root (a forged
     # task, one sent through Flower) is dead-lettered, never generated (common/names.py).
     if (unsafe := task_problem(payload.run, payload.dataset, payload.id)) is not None:
@@ -75,6 +81,9 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     except BudgetSpent:
         state.mark_skipped(payload.dataset, payload.row)
         return {"id": payload.id, "skipped": f"dataset token budget of {payload.max_tokens_per_dataset} spent"}
+    generation = turns[-1][1]
+    if (next_part := follow_up(payload, generation, api=runtime.settings.api, started_at=started_at)) is not None:
+        return hand_over(payload, next_part, generation, publish)
     record = build_record(payload, runtime, turns, prompt, started_at)
     try:
         runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
@@ -88,83 +97,30 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime) -> dict[str, Any]:
     return summary(record)
 
 
-def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
-                   deadline: float) -> tuple[list[tuple[Turn, Generation]], list[dict]]:
-    """Each reply the payload asks for, in order; returns them and the last reply's prompt."""
-    replies: dict[int, dict] = {}
-    turns = []
-    prompt = payload.messages
-    for position in reply_positions(payload.messages, payload.regenerate):
-        prompt = history_before(payload.messages, position, replies)
-        generation, upstream = stream_reply(payload, runtime, prompt, deadline)
-        split = runtime.splitter.split(generation, payload.chat_template_kwargs)
-        turn = Turn(
-            reasoning=split.reasoning, content=split.content,
-            finish_reason=generation.finish_reason.get("type", "stop"),
-            matched_stop=generation.finish_reason.get("matched"),
-            usage=Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
-                        reasoning_tokens=generation.reasoning_tokens, cached_tokens=generation.cached_tokens),
-            upstream=upstream,
-            output_ids=generation.output_ids if payload.keep_token_ids else None,
-        )
-        turns.append((turn, generation))
-        replies[position] = {"role": "assistant", "content": split.content}
-    return turns, prompt
-
-
-def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict],
-                 deadline: float) -> tuple[Generation, str]:
-    settings, pool = runtime.settings, runtime.upstreams
-    input_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
-    stop = runtime.shutdown.is_set
-    # Before any GPU time is spent: a record that cannot be written is work thrown away.
-    runtime.disk.wait_writable(settings.disk_wait_s, stop)
-    with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
-                    should_stop=stop) as upstream:
-        # Checked once a slot is held, right before generating: a spare thread may have waited.
-        # Prompts already streaming may still overshoot the budget by their own length.
-        if budget_spent(payload, runtime):
-            raise BudgetSpent()
-        try:
-            if settings.api == "chat":
-                generation = runtime.client.chat(upstream, chat_body(payload, prompt), deadline=deadline,
-                                                 should_stop=stop)
-            else:
-                body = generate_body(payload, input_ids, skip_special_tokens=settings.skip_special_tokens,
-                                     stream_interval=settings.stream_interval)
-                generation = runtime.client.generate(upstream, body, deadline=deadline, should_stop=stop)
-        except GenerationError as error:
-            error.upstream = upstream
-            pool.report(upstream, ok=not error.blames_upstream)
-            raise
-        pool.report(upstream, ok=True)
-        return generation, upstream
-
-
-class BudgetSpent(Exception):
-    """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
-
-
-def budget_spent(payload: TaskPayload, runtime: WorkerRuntime) -> bool:
-    budget = payload.max_tokens_per_dataset
-    return budget is not None and runtime.run_state(payload.run).completion_tokens(payload.dataset) >= budget
-
-
-def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:
-    """The producer's ids for the first reply; later turns are templated here, with the model's own
-    replies in the history."""
-    if payload.regenerate == "last":
-        return payload.input_ids
-    if runtime.tokenizer is None:
-        raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
-                             "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
-    return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
+def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generation,
+              publish: Callable[[TaskPayload, str], None]) -> dict[str, Any]:
+    """Publish the follow-up of a cut completion (continue or regenerate) instead of writing it;
+    this message is acked once the follow-up is in Redis. A crash in between publishes it twice:
+    both finish the same prompt, which the done bit counts once and export keeps once."""
+    kind = "continue" if next_part.continuation is not None else "regenerate"
+    note = (f"part {next_part.continuation['parts'] + 1}, {generation.completion_tokens} tokens so far"
+            if next_part.continuation is not None else f"regenerated with {next_part.max_new_tokens} new tokens")
+    try:
+        publish(next_part, note)
+    except Exception as error:  # noqa: BLE001 - the broker is down: nothing is lost if the message goes back
+        log.warning("could not publish the %s of %s (%s); giving its message back", kind, payload.id, error)
+        raise Reject(f"follow-up not published: {error}", requeue=True) from None
+    return {"id": payload.id, "finish_reason": "length", "then": kind,
+            "completion_tokens": generation.completion_tokens}
 
 
 def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple[Turn, Generation]],
                  prompt: list[dict], started_at: float) -> CompletionRecord:
     last, generation = turns[-1]
     first_token_s = turns[0][1].first_token_s
+    prior = Continuation.of(payload)
+    if prior is not None:
+        started_at = prior.started_at
     usage = Usage(
         prompt_tokens=sum(t.usage.prompt_tokens for t, _ in turns) or payload.prompt_tokens,
         completion_tokens=sum(t.usage.completion_tokens for t, _ in turns),
@@ -181,6 +137,9 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple
         attempts=payload.attempt, worker=runtime.name, output_ids=last.output_ids,
         turns=[asdict(turn) for turn, _ in turns] if payload.regenerate == "all" else None,
         row=payload.row,
+        loop=next((turn.loop for turn, _ in turns if turn.loop), None),
+        continued=prior.parts if prior is not None else None,
+        regenerated=True if payload.regenerated else None, sample=payload.sample,
     )
 
 
@@ -190,7 +149,8 @@ def outcome_of(record: CompletionRecord, parser: str, chat_template_kwargs: dict
         prompt_tokens=record.usage.prompt_tokens, completion_tokens=record.usage.completion_tokens,
         reasoning_tokens=record.usage.reasoning_tokens, truncated=record.finish_reason == "length",
         empty_reasoning=expects_reasoning and not record.reasoning.strip(),
-        empty_content=not record.content.strip(),
+        empty_content=not record.content.strip(), looped=record.loop is not None,
+        continued=bool(record.continued), regenerated=bool(record.regenerated),
     )
 
 

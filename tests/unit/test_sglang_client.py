@@ -2,12 +2,15 @@
 chunk is a retryable StreamCut, never a short completion."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from helpers.http_stub import http_stub
 
 from workers.errors import StreamCut
+from workers.loop_guard import LoopThresholds
+from workers.sglang.stream_watch import StreamWatch
 
 CHUNK = b'data: {"text":" a","output_ids":[5],"meta_info":{"finish_reason":null,"completion_tokens":1}}\n\n'
 
@@ -25,3 +28,48 @@ def test_a_stream_that_ends_without_its_final_chunk_is_retryable(sglang_client):
         with pytest.raises(StreamCut) as caught:
             sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
     assert caught.value.retryable
+
+
+def endless_loop(aborted: list[dict]):
+    """A server whose completion repeats a 7-token unit forever (it never sends a finish), and which
+    records the `/abort_request` bodies it gets."""
+    def answer(request) -> None:
+        body = json.loads(request.rfile.read(int(request.headers["Content-Length"])))
+        if request.path == "/abort_request":
+            aborted.append(body)
+            request.send_response(200)
+            request.send_header("Content-Length", "0")
+            request.end_headers()
+            return
+        request.send_response(200)
+        request.send_header("Content-Type", "text/event-stream")
+        request.end_headers()
+        ids = list(range(100, 130))  # 30 tokens that do not repeat, then the loop
+        try:
+            for _ in range(400):
+                ids += [7, 8, 9, 10, 11, 12, 13]
+                chunk = {"text": "", "output_ids": ids, "meta_info": {"finish_reason": None,
+                                                                       "completion_tokens": len(ids)}}
+                request.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                request.wfile.flush()
+        except OSError:
+            pass  # the client hung up: what the loop guard does
+    return answer
+
+
+@pytest.mark.parametrize("policy", ["abort", "flag"])
+def test_the_loop_guard_cuts_the_stream_and_asks_the_server_to_drop_the_request(sglang_client, policy):
+    aborted: list[dict] = []
+    watch = StreamWatch(policy, LoopThresholds())
+    with http_stub(post=endless_loop(aborted)) as url:
+        if policy == "flag":  # a stream that never finishes is cut short, whatever was flagged
+            with pytest.raises(StreamCut):
+                sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60, watch=watch)
+            assert watch.loop is not None and not aborted
+            return
+        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60, watch=watch)
+    assert generation.finish_reason == {"type": "loop"} and generation.loop == watch.loop.to_dict()
+    assert generation.loop["period"] == 7 and generation.loop["start"] == 30
+    assert generation.loop["at_token"] - 30 <= LoopThresholds().latest(7)
+    assert len(generation.output_ids) == generation.completion_tokens < 30 + 7 * 400
+    assert aborted == [{"rid": generation.rid}]

@@ -11,8 +11,9 @@ from common.records import CompletionRecord, TaskPayload, Timing, Usage
 from common.run_state import Outcome
 from common.tokenizer import render_prompts
 from workers.errors import IntegrityError, PermanentError, TransientError
+from workers.generation import prompt_ids
 from workers.sglang.requests import chat_body, generate_body
-from workers.tasks import outcome_of, prompt_ids, summary
+from workers.tasks import outcome_of, summary
 from workers.telemetry import outcome_class
 from workers.turns import history_before, reply_positions
 

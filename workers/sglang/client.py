@@ -4,6 +4,7 @@ the typed errors of `workers/errors.py` (mapped in `wire_errors.py`)."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -11,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -20,6 +21,11 @@ from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.sglang.generate_stream import StreamAssembler
 from workers.sglang.server_info import ServerInfo
 from workers.sglang.wire_errors import http_error, transport_errors
+
+if TYPE_CHECKING:
+    from workers.sglang.stream_watch import StreamWatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +46,8 @@ class Generation:
     # /v1/chat/completions: the server already split them.
     reasoning: str | None = None
     content: str | None = None
+    # The loop guard's finding (`Loop.to_dict()`); with `abort` the stream was cut there.
+    loop: dict[str, int] | None = None
 
 
 class _Assembler(Protocol):
@@ -87,14 +95,19 @@ class SglangClient:
         return self.servers.model_name(upstream)
 
     def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
-                 should_stop: Callable[[], bool] = lambda: False) -> Generation:
-        """Native `/generate` streaming, cumulative or incremental as the server reports it."""
+                 should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:
+        """Native `/generate` streaming, cumulative or incremental as the server reports it; `watch`
+        may cut it short (the loop guard), and the server is then asked to drop the request."""
         body = {"rid": new_rid(), **body}
         mode = self.servers.stream_mode(upstream)
         started = time.monotonic()
         assembler = StreamAssembler(incremental=mode.incremental)
+        cut = (lambda: watch.ids_arrived(assembler.output_ids)) if watch is not None else None
         first_token_s = self._stream(f"{upstream}/generate", body, assembler, started, deadline, should_stop,
-                                     has_tokens=lambda: bool(assembler.output_ids))
+                                     has_tokens=lambda: bool(assembler.output_ids), cut=cut)
+        if cut is not None and not assembler.finished:
+            self.abort_request(upstream, body["rid"])
+            assembler.finish_reason = {"type": "loop"}
         meta = assembler.meta
         return Generation(
             finish_reason=assembler.finish_reason or {},
@@ -104,18 +117,24 @@ class SglangClient:
             cached_tokens=int(meta.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
             e2e_latency=meta.get("e2e_latency"), text=assembler.text, output_ids=assembler.output_ids,
-            rid=body["rid"],
+            rid=body["rid"], loop=_loop_of(watch),
         )
 
     def chat(self, upstream: str, body: dict[str, Any], *, deadline: float,
-             should_stop: Callable[[], bool] = lambda: False) -> Generation:
-        """`/v1/chat/completions` streaming; asks for usage in the last chunk."""
+             should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:
+        """`/v1/chat/completions` streaming; asks for usage in the last chunk. A stream the loop
+        guard cut has no usage chunk: its counts are then unknown (0)."""
         started = time.monotonic()
         assembler = ChatStreamAssembler()
         body = {"rid": new_rid(), **body, "stream": True, "stream_options": {"include_usage": True}}
+        cut = (lambda: watch.text_arrived(assembler.reasoning, assembler.content)) if watch is not None else None
         first_token_s = self._stream(f"{upstream}/v1/chat/completions", body, assembler, started, deadline,
-                                     should_stop, has_tokens=lambda: assembler.has_tokens)
-        assembler.verify()
+                                     should_stop, has_tokens=lambda: assembler.has_tokens, cut=cut)
+        if cut is not None and not assembler.finished:
+            self.abort_request(upstream, body["rid"])
+            assembler.finish_reason = {"type": "loop"}
+        else:
+            assembler.verify()
         usage = assembler.usage
         details = usage.get("completion_tokens_details") or {}
         prompt_details = usage.get("prompt_tokens_details") or {}
@@ -126,12 +145,27 @@ class SglangClient:
             reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
             cached_tokens=int(prompt_details.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
-            reasoning=assembler.reasoning, content=assembler.content, rid=body["rid"],
+            reasoning=assembler.reasoning, content=assembler.content, rid=body["rid"], loop=_loop_of(watch),
         )
 
+    def abort_request(self, upstream: str, rid: str) -> None:
+        """Ask the server to drop a request whose stream we closed, so its slot frees now: SGLang
+        aborts a request whose client left only 2 s later (0.5.23 `entrypoints/http_server.py`
+        `serve_generate_request` attaches `tokenizer_manager.create_abort_task`, which sleeps 2 s).
+        `POST /abort_request {"rid": ...}` (0.5.23 `http_server.py::abort_request`, `AbortReq`)
+        answers 200 for a finished or unknown rid too. Best effort: the disconnect frees it anyway."""
+        try:
+            response = self.http.post(f"{upstream}/abort_request", json={"rid": rid}, timeout=5.0)
+            if response.status_code != 200:
+                log.warning("%s/abort_request for %s answered %d", upstream, rid, response.status_code)
+        except httpx.HTTPError as error:
+            log.warning("%s/abort_request for %s failed: %s", upstream, rid, error)
+
     def _stream(self, url: str, body: dict[str, Any], assembler: _Assembler, started: float,
-                deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool]) -> float | None:
-        """Feeds every `data:` chunk to the assembler; returns the time to the first token."""
+                deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool],
+                cut: Callable[[], bool] | None = None) -> float | None:
+        """Feeds every `data:` chunk to the assembler; returns the time to the first token. `cut`
+        is asked after each chunk; True ends the stream there (closing the connection), unfinished."""
         first_token_s = None
         with (transport_errors(url, self.stall_timeout_s, should_stop),
               self.http.stream("POST", url, json=body) as response, self._tracked(response)):
@@ -150,6 +184,8 @@ class SglangClient:
                 assembler.feed(_decode_chunk(data))
                 if first_token_s is None and has_tokens():
                     first_token_s = time.monotonic() - started
+                if cut is not None and cut() and not assembler.finished:
+                    return first_token_s
         if not assembler.finished:
             if should_stop():
                 raise ShutdownRequested()  # the shutdown cut it: the message goes back, not a failure
@@ -171,6 +207,10 @@ class SglangClient:
         finally:
             with self._sockets_lock:
                 self._sockets.discard(sock)
+
+
+def _loop_of(watch: StreamWatch | None) -> dict[str, int] | None:
+    return watch.loop.to_dict() if watch is not None and watch.loop is not None else None
 
 
 def new_rid() -> str:

@@ -1,0 +1,119 @@
+"""Generating a payload's replies: route to an upstream, stream (with the loop guard watching),
+split reasoning from content. One reply, or with `--regenerate all` every assistant turn in order;
+a continued completion (`workers/truncation.py`) resumes from the ids its earlier parts generated.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from common.records import TaskPayload, Turn, Usage
+from common.tokenizer import render_prompts
+from workers.errors import GenerationError, PermanentError
+from workers.loop_guard import LoopThresholds
+from workers.runtime import WorkerRuntime
+from workers.sglang.client import Generation
+from workers.sglang.requests import chat_body, generate_body
+from workers.sglang.stream_watch import StreamWatch
+from workers.truncation import Continuation, joined, prompt_with_prefix
+from workers.turns import history_before, reply_positions
+
+
+def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
+                   deadline: float) -> tuple[list[tuple[Turn, Generation]], list[dict]]:
+    """Each reply the payload asks for, in order; returns them and the last reply's prompt."""
+    replies: dict[int, dict] = {}
+    turns = []
+    prompt = payload.messages
+    for position in reply_positions(payload.messages, payload.regenerate):
+        prompt = history_before(payload.messages, position, replies)
+        generation, upstream = stream_reply(payload, runtime, prompt, deadline)
+        split = runtime.splitter.split(generation, payload.chat_template_kwargs)
+        turn = Turn(
+            reasoning=split.reasoning, content=split.content,
+            # A loop the guard stopped or flagged reads "loop", whatever ended the stream.
+            finish_reason="loop" if generation.loop else generation.finish_reason.get("type", "stop"),
+            matched_stop=generation.finish_reason.get("matched"),
+            usage=Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
+                        reasoning_tokens=generation.reasoning_tokens, cached_tokens=generation.cached_tokens),
+            upstream=upstream,
+            output_ids=generation.output_ids if payload.keep_token_ids else None,
+            loop=generation.loop,
+        )
+        turns.append((turn, generation))
+        replies[position] = {"role": "assistant", "content": split.content}
+    return turns, prompt
+
+
+def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict],
+                 deadline: float) -> tuple[Generation, str]:
+    """The reply to `prompt`: with the earlier parts of a continued completion joined in front."""
+    settings, pool = runtime.settings, runtime.upstreams
+    prior = Continuation.of(payload)
+    input_ids = None if settings.api == "chat" else prompt_with_prefix(prompt_ids(payload, runtime, prompt), prior)
+    watch = loop_watch(payload, runtime, prior)
+    stop = runtime.shutdown.is_set
+    # Before any GPU time is spent: a record that cannot be written is work thrown away.
+    runtime.disk.wait_writable(settings.disk_wait_s, stop)
+    with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
+                    should_stop=stop) as upstream:
+        # Checked once a slot is held, right before generating: a spare thread may have waited.
+        # Prompts already streaming may still overshoot the budget by their own length.
+        if budget_spent(payload, runtime):
+            raise BudgetSpent()
+        try:
+            if settings.api == "chat":
+                generation = runtime.client.chat(upstream, chat_body(payload, prompt), deadline=deadline,
+                                                 should_stop=stop, watch=watch)
+            else:
+                body = generate_body(payload, input_ids, skip_special_tokens=settings.skip_special_tokens,
+                                     stream_interval=settings.stream_interval)
+                generation = runtime.client.generate(upstream, body, deadline=deadline, should_stop=stop,
+                                                     watch=watch)
+        except GenerationError as error:
+            error.upstream = upstream
+            pool.report(upstream, ok=not error.blames_upstream)
+            raise
+        pool.report(upstream, ok=True)
+        return joined(prior, generation), upstream
+
+
+def loop_watch(payload: TaskPayload, runtime: WorkerRuntime, prior: Continuation | None) -> StreamWatch | None:
+    """The loop guard for one stream: over token ids (`/generate`, the earlier parts of a continued
+    completion first, so a loop across the cut is seen) or over characters (the chat API)."""
+    if payload.loop_guard == "off":
+        return None
+    if runtime.settings.api == "chat":
+        return StreamWatch(payload.loop_guard, loop_thresholds(runtime, characters=True))
+    return StreamWatch(payload.loop_guard, loop_thresholds(runtime), prefix=prior.output_ids if prior else ())
+
+
+def loop_thresholds(runtime: WorkerRuntime, *, characters: bool = False) -> LoopThresholds:
+    """The detector's defaults, with the worker's GENFLEET_LOOP_* settings over them (in tokens;
+    scaled like the defaults for characters)."""
+    settings = runtime.settings
+    base = LoopThresholds()
+    given = {name: value for name in ("max_period", "min_repeats", "min_span")
+             if (value := getattr(settings, f"loop_{name}")) is not None}
+    tokens = replace(base, **given)
+    return tokens if not characters else LoopThresholds.for_characters(tokens)
+
+
+class BudgetSpent(Exception):
+    """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
+
+
+def budget_spent(payload: TaskPayload, runtime: WorkerRuntime) -> bool:
+    budget = payload.max_tokens_per_dataset
+    return budget is not None and runtime.run_state(payload.run).completion_tokens(payload.dataset) >= budget
+
+
+def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:
+    """The producer's ids for the first reply; later turns are templated here, with the model's own
+    replies in the history."""
+    if payload.regenerate == "last":
+        return payload.input_ids
+    if runtime.tokenizer is None:
+        raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
+                             "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
+    return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
