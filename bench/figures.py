@@ -162,3 +162,32 @@ def export_figures(export: dict) -> list[Figure]:
         Figure(f"Export peak memory, {main['records']:,} records (ru_maxrss)", [main["peak_rss_mb"]],
                lambda v: f"{v:,.0f} MB", detail=f"1 run{flat}"),
     ]
+
+
+def useful_token_figures(runs: list[dict], guard: dict | None) -> list[Figure]:
+    """GPU tokens and wall time of the loop guard + continuation against the naive policy, and the
+    loop guard's own cost (bench/useful_tokens.py, bench/loop_guard.py)."""
+    def side(name: str, key: str) -> float:
+        return median([run["results"][name][key] for run in runs])
+
+    same = all(run["same_useful_output"] for run in runs)
+    figures = [
+        Figure("GPU tokens per useful output, `--loop-guard abort --on-truncated continue` ÷ `--loop-guard off "
+               "--on-truncated regenerate`", [run["gpu_tokens_ratio"] for run in runs], format_ratio,
+               detail=f"{side('genfleet', 'gpu_tokens'):,.0f} vs {side('naive', 'gpu_tokens'):,.0f} tokens decoded "
+                      f"for {side('genfleet', 'useful_tokens'):,.0f} useful; same useful output: "
+                      f"{'yes' if same else '**no**'}",
+               target="≤ 0.70×", meets=lambda v: v <= 0.70 and same),
+        Figure("Wall time, the same two policies", [run["wall_ratio"] for run in runs], format_ratio,
+               detail=f"{side('genfleet', 'wall_s'):.1f} s vs {side('naive', 'wall_s'):.1f} s"),
+    ]
+    if guard is not None:
+        ns, late = guard["ns_per_token"], guard["overrun_tokens"]
+        figures.append(Figure("Loop guard CPU per token (chunks of 32 ids)", [ns["chunk_32"]],
+                              lambda v: f"{v:,.0f} ns", detail=f"chunks of 1: {ns['chunk_1']:,.0f} ns; text "
+                              f"(chat API): {ns['text_chunk_8']:,.0f} ns; 1 run"))
+        figures.append(Figure(f"Loop found, tokens past the repetition's start (periods {late['periods']})",
+                              [late["max"]], lambda v: f"max {v:,.0f}",
+                              detail=f"median {late['median']:,.0f}; bound {late['bound']}",
+                              target="≤ 600", meets=lambda v: v <= 600))
+    return figures

@@ -13,6 +13,7 @@ from bench.figures import (
     format_percent,
     scaling_figures,
     throughput_figures,
+    useful_token_figures,
 )
 from bench.results import Results
 
@@ -40,7 +41,7 @@ def _heading(results: Results) -> list[str]:
         f"- **Date**: {m.date}; **commit** {m.commit}",
         f"- **Command**: `bench/run.py --repeats {results.repeats}"
         + (" --quick" if results.quick else "")
-        + (f" --only {','.join(results.only)}" if len(results.only) < 4 else "")
+        + (f" --only {','.join(results.only)}" if len(results.only) < 5 else "")
         + f"` ({results.elapsed_s / 60:.1f} min); 1-minute load average {m.load_start[0]:.2f}{load_end} "
         "(anything above ~0.5 at the start means other work shared the CPUs: the figures are noisier)",
         "",
@@ -49,7 +50,7 @@ def _heading(results: Results) -> list[str]:
 
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
-    3 enqueue, 4 scaling, 5 export) so a number means the same figure in every report."""
+    3 enqueue, 4 scaling, 5 export, 6 useful tokens) so a number means the same figure in every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
         speed, cost = throughput_figures(results.throughput)
@@ -60,6 +61,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("4", scaling_figures(results.scaling)))
     if results.export:
         sections.append(("5", export_figures(results.export)))
+    if results.useful:
+        sections.append(("6", useful_token_figures(results.useful, results.loop_guard)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -173,6 +176,14 @@ def _methods(results: Results) -> list[str]:
         "- **Export (5.1, 5.2)**: `bench/export_memory.py` (run once): `genfleet export --format specforge` over "
         f"{export_records:,} small synthetic records, records ÷ the command's wall time, and its peak RSS (`wait4` "
         "ru_maxrss).",
+        f"- **Useful tokens (6.1, 6.2)**: `bench/useful_tokens.py`: "
+        f"{(results.useful[0]['workload'] if results.useful else '')}; run twice, each on a fresh simulator with a "
+        "short and a long worker: `--loop-guard off --on-truncated regenerate` (a loop runs to its cap, a cut "
+        "completion is asked again from scratch on long) and `--loop-guard abort --on-truncated continue`. GPU "
+        "tokens: every token the simulator decoded (`/sim/stats` `tokens_generated`, aborted requests' included); "
+        "useful output: the records that finished on their own, which must be the same, token for token, in both.",
+        "- **Loop guard (6.3, 6.4)**: `bench/loop_guard.py`: CPU per token feeding random word-id streams to the "
+        "detector; tokens from a planted loop's start to its finding, periods 5-40 at random offsets.",
         "- Every process is started fresh per run, in its own session, and stopped at the end (Ctrl-C too). "
         "Medians are over the runs; each ratio is taken within one run, then the median of the ratios.",
     ]
@@ -209,6 +220,17 @@ def _runs(results: Results) -> list[str]:
     if results.enqueue:
         lines += ["Enqueue rate: " + ", ".join(f"{r['end_to_end_per_s']:,}/s end to end ({r['enqueue_per_s']:,}/s "
                                                f"enqueue alone, {r['wall_s']} s)" for r in results.enqueue), ""]
+    if results.useful:
+        lines += ["Useful tokens (naive | genfleet):", "",
+                  "| run | GPU tokens | useful tokens | wall s | looped | truncated | aborted requests |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for i, run in enumerate(results.useful, 1):
+            n, g = run["results"]["naive"], run["results"]["genfleet"]
+            lines.append(f"| {i} | {n['gpu_tokens']:,} \\| {g['gpu_tokens']:,} | {n['useful_tokens']:,} \\| "
+                         f"{g['useful_tokens']:,} | {n['wall_s']:.1f} \\| {g['wall_s']:.1f} | {n['looped']} \\| "
+                         f"{g['looped']} | {n['truncated']} \\| {g['truncated']} | {n['aborted_requests']} \\| "
+                         f"{g['aborted_requests']} |")
+        lines.append("")
     if results.export:
         lines += ["Export (`bench/export_memory.py`, every variant):", "",
                   "| variant | records | s | records/s | peak RSS MB |", "|---|---:|---:|---:|---:|"]

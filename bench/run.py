@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import report, scaling, standalone, throughput  # noqa: E402
+from bench import loop_guard, report, scaling, standalone, throughput, useful_tokens  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export")
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -49,6 +49,8 @@ def main() -> None:
                 _measure_scaling(results, repeat)
             if "enqueue" in only:
                 _measure_enqueue_rate(results, repeat)
+            if "useful" in only:
+                _measure_useful_tokens(results, repeat)
         if "export" in only:
             _measure_export(results)
     except KeyboardInterrupt:
@@ -113,6 +115,18 @@ def _measure_enqueue_rate(results: Results, repeat: int) -> None:
     except standalone.NotMeasured as error:
         results.enqueue_error = str(error)
         log(f"  not measured: {error}")
+
+
+def _measure_useful_tokens(results: Results, repeat: int) -> None:
+    workload = useful_tokens.QUICK if results.quick else useful_tokens.FULL
+    log(f"useful tokens {repeat}/{results.repeats}: {workload.describe()}")
+    with tempfile.TemporaryDirectory(prefix="genfleet-bench-useful-") as tmp:
+        outcome = useful_tokens.compare(workload, Path(tmp))
+    results.useful.append(outcome)
+    log(f"  GPU tokens {outcome['gpu_tokens_ratio']:.2f}x, wall {outcome['wall_ratio']:.2f}x of the naive policy")
+    if results.loop_guard is None:
+        results.loop_guard = {"ns_per_token": loop_guard.measure(200_000 if results.quick else 2_000_000),
+                              "overrun_tokens": loop_guard.overruns()}
 
 
 def _measure_export(results: Results) -> None:

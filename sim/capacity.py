@@ -31,6 +31,9 @@ class CapacityStats:
     requests_started: int
     requests_finished: int
     requests_disconnected: int
+    # Ended by an abort: POST /abort_request, or a client that left (sim.aborts).
+    aborted_requests: int
+    # Every token decoded, those of requests aborted or whose client left included (GPU time spent).
     tokens_generated: int
     uptime_s: float
 
@@ -79,7 +82,7 @@ class Capacity:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # the slot was handed over just as the client went away
-            else:
+            elif waiter in self._waiters:  # a release in between may have dropped it already
                 self._waiters.remove(waiter)
             raise
 
@@ -107,6 +110,9 @@ class Capacity:
     def record_disconnected(self) -> None:
         self._requests_disconnected += 1
 
+    def record_aborted(self) -> None:
+        self._aborted_requests += 1
+
     def stats(self) -> CapacityStats:
         now = self._advance()
         elapsed = now - self._stats_since
@@ -118,6 +124,7 @@ class Capacity:
             requests_started=self._requests_started,
             requests_finished=self._requests_finished,
             requests_disconnected=self._requests_disconnected,
+            aborted_requests=self._aborted_requests,
             tokens_generated=self._tokens_generated,
             uptime_s=now - self._started_at,
         )
@@ -127,6 +134,7 @@ class Capacity:
         self._running_area = 0.0
         self._peak_running = self.running
         self._requests_started = self._requests_finished = self._requests_disconnected = 0
+        self._aborted_requests = 0
         self._tokens_generated = 0
 
     # -- internals ----------------------------------------------------------------------------

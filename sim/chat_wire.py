@@ -176,10 +176,14 @@ class ChatFrames:
 
     # -- non-streaming ------------------------------------------------------------------------
 
-    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes:
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0, generated: int | None = None) -> bytes:
+        """The non-streaming response: the whole plan, or (aborted) its first `generated` tokens."""
         finish = finish or self.plan.finish_reason
         plan, options = self.plan, self._options
-        if options.separate_reasoning:
+        if generated is not None:  # an abort: the texts of what was decoded by then
+            reasoning = unescape(self._reasoning.between(0, generated))
+            content = unescape(self._content.between(0, generated))
+        elif options.separate_reasoning:
             reasoning, content = plan.reasoning_text, plan.content_text
         else:
             reasoning, content = "", plan.text(skip_special_tokens=options.skip_special_tokens)
@@ -194,7 +198,7 @@ class ChatFrames:
                 "created": options.created,
                 "model": options.model,
                 "choices": [choice],
-                "usage": self._usage(plan.completion_tokens, count_bias),
+                "usage": self._usage(plan.completion_tokens if generated is None else generated, count_bias),
                 "metadata": {"weight_version": "default"},
             }
         )

@@ -11,10 +11,20 @@ import typer
 
 from sim.capacity import CapacitySettings
 from sim.chunking import DecodeSteps
+from sim.cli_options import (
+    DEFAULT_LOOP_PERIOD,
+    DEFAULT_LOOP_START,
+    DisconnectAbortS,
+    LoopPeriod,
+    LoopRate,
+    LoopStart,
+    token_range,
+)
 from sim.completion import LengthModel
 from sim.faults import ErrorFormat, FaultSettings
+from sim.loops import NO_LOOPS, LoopModel
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
-from sim.settings import DEFAULT_CONTEXT_LENGTH, SimSettings
+from sim.settings import DEFAULT_CONTEXT_LENGTH, DEFAULT_DISCONNECT_ABORT_S, SimSettings
 from sim.vocab import DEFAULT_TOKENIZER_DIR
 
 _CAPACITY = "Capacity"
@@ -61,6 +71,7 @@ def sim_settings(
             min=0.001, help="Shortest sleep of a stream between writes, in seconds.", rich_help_panel=_CAPACITY
         ),
     ] = 0.02,
+    disconnect_abort_s: DisconnectAbortS = DEFAULT_DISCONNECT_ABORT_S,
     # -- output
     length_median: Annotated[
         float, typer.Option(min=1.0, help="Median completion length in words (lognormal).", rich_help_panel=_OUTPUT)
@@ -85,6 +96,9 @@ def sim_settings(
         float, typer.Option(min=0.0, max=1.0, help="Share of the words that are reasoning (0: empty reasoning).",
                            rich_help_panel=_OUTPUT)
     ] = 0.7,
+    loop_rate: LoopRate = NO_LOOPS.rate,
+    loop_period: LoopPeriod = DEFAULT_LOOP_PERIOD,
+    loop_start: LoopStart = DEFAULT_LOOP_START,
     stream_interval: Annotated[
         int,
         typer.Option(
@@ -219,8 +233,14 @@ def sim_settings(
                 mean=length_mean,
                 scale=length_scale,
                 reasoning_share=reasoning_share,
-                tokens=_token_range(length_tokens),
+                tokens=token_range(length_tokens, "--length-tokens"),
             ),
+            loops=LoopModel(
+                rate=loop_rate,
+                period=token_range(loop_period, "--loop-period"),  # type: ignore[arg-type]
+                start=token_range(loop_start, "--loop-start", minimum=0),  # type: ignore[arg-type]
+            ),
+            disconnect_abort_s=disconnect_abort_s,
             stream_interval=stream_interval,
             incremental=incremental,
             seed=seed,
@@ -262,18 +282,3 @@ def parse_sim_args(args: Sequence[str]) -> SimSettings:
     app = typer.Typer(add_completion=False)
     app.command()(sim_settings)
     return typer.main.get_command(app).main(args=args, standalone_mode=False)
-
-
-def _token_range(value: str | None) -> tuple[int, int] | None:
-    """`LO:HI` (or `N`, for N:N) into a checked pair."""
-    if value is None:
-        return None
-    low, _, high = value.partition(":")
-    try:
-        bounds = (int(low), int(high or low))
-    except ValueError:
-        raise typer.BadParameter(f"expected LO:HI (two integers), got {value!r}",
-                                 param_hint="--length-tokens") from None
-    if not 1 <= bounds[0] <= bounds[1]:
-        raise typer.BadParameter(f"need 1 <= LO <= HI, got {value!r}", param_hint="--length-tokens")
-    return bounds

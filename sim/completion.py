@@ -1,72 +1,20 @@
 """Deterministic completions: the token ids a simulated reasoning model returns for a prompt and seed."""
 from __future__ import annotations
 
-import enum
-import hashlib
-import math
 import random
-import sys
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.lengths import LengthModel
+from sim.loops import NO_LOOPS, LoopModel, draw_loop, extend_with_loop, place_loop
+from sim.prompts import Opening, completion_seed, prompt_opening
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, ReasoningFormat
 from sim.reasoning_formats import reasoning_format as get_reasoning_format
-from sim.vocab import THINK_END, THINK_START, SimVocab
+from sim.vocab import SimVocab
 
-
-@dataclass(frozen=True)
-class LengthModel:
-    """Lognormal completion length (reasoning plus content words), fitted by its median and mean."""
-
-    median: float = 646.0
-    mean: float = 1416.0
-    scale: float = 1.0
-    reasoning_share: float = 0.7
-    # `--length-tokens LO:HI`: each completion is exactly this many tokens long (markers and the
-    # stop token included), uniform over [LO, HI]; the lognormal above is then unused.
-    tokens: tuple[int, int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.tokens is not None and not 1 <= self.tokens[0] <= self.tokens[1]:
-            raise ValueError(f"length tokens need 1 <= LO <= HI, got {self.tokens[0]}:{self.tokens[1]}")
-
-    def draw_tokens(self, rng: random.Random) -> int:
-        """The exact completion length in tokens (only with `tokens` set)."""
-        assert self.tokens is not None
-        low, high = self.tokens
-        return rng.randint(low, high)
-
-    def draw_words(self, rng: random.Random) -> int:
-        # For a lognormal, mean / median = exp(sigma^2 / 2).
-        sigma = math.sqrt(2.0 * math.log(self.mean / self.median)) if self.mean > self.median else 0.0
-        return max(2, round(rng.lognormvariate(math.log(self.median), sigma) * self.scale))
-
-    def split(self, words: int) -> tuple[int, int]:
-        """Reasoning and content word counts, each at least one; a share of exactly 0 models a
-        reasoning model that closes its thought at once (empty reasoning, the alarm's case)."""
-        reasoning = max(1, round(words * self.reasoning_share)) if self.reasoning_share > 0 else 0
-        return reasoning, max(1, words - reasoning)
-
-    def split_exact(self, words: int) -> tuple[int, int]:
-        """Reasoning and content word counts that add up to exactly `words` (for exact lengths):
-        content gets the first word, reasoning (with a share above 0) the second."""
-        if words <= 0:
-            return 0, 0
-        reasoning = max(1, round(words * self.reasoning_share)) if self.reasoning_share > 0 else 0
-        reasoning = min(reasoning, words - 1)
-        return reasoning, words - reasoning
-
-
-class Opening(enum.Enum):
-    """Where the prompt leaves the model: the chat template decides who writes `<think>`."""
-
-    INSIDE_REASONING = "inside"  # prompt ends with <think> (Kimi-K2.5): output holds only </think>
-    THINKING_OFF = "off"  # prompt ends with <think></think>: output is the answer alone
-    MODEL_OPENS = "model"  # the model writes <think> itself (DeepSeek-R1 old, Qwen3)
-    # Formats with other markers (kimi's ◁think▷, gpt-oss's channels) always open them
-    # themselves; THINKING_OFF still means content only, for every format.
+__all__ = ["CompletionPlan", "LengthModel", "Opening", "completion_seed", "plan_completion", "plan_seeded",
+           "prompt_opening"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +49,11 @@ class CompletionPlan:
     vocab: SimVocab = field(repr=False, compare=False)
     # `completion_seed(prompt, seed)`: also seeds the request's decode-step sizes (sim.chunking).
     rng_seed: int = 0
+    # A looping completion (sim.loops): its ids from `loop_start` on repeat a period of
+    # `loop_period` words up to max_new_tokens (`loop_start` may lie past a small budget's end).
+    # Both None when it does not loop.
+    loop_start: int | None = None
+    loop_period: int | None = None
 
     @property
     def stopped(self) -> bool:
@@ -129,21 +82,75 @@ def plan_completion(
     lengths: LengthModel,
     vocab: SimVocab,
     reasoning_format: str = DEFAULT_REASONING_FORMAT,
+    loops: LoopModel = NO_LOOPS,
 ) -> CompletionPlan:
     """The completion of `prompt`, its markers written as `reasoning_format` (an SGLang parser name)."""
+    return plan_seeded(
+        completion_seed(prompt, seed), prompt_opening(prompt, vocab), max_new_tokens=max_new_tokens,
+        lengths=lengths, vocab=vocab, reasoning_format=reasoning_format, loops=loops,
+    )
+
+
+def plan_seeded(
+    rng_seed: int,
+    opening: Opening,
+    *,
+    max_new_tokens: int,
+    lengths: LengthModel,
+    vocab: SimVocab,
+    reasoning_format: str = DEFAULT_REASONING_FORMAT,
+    loops: LoopModel = NO_LOOPS,
+) -> CompletionPlan:
+    """The completion a prompt with this completion seed and opening gets: all a prompt decides."""
     fmt = get_reasoning_format(reasoning_format)
-    rng_seed = completion_seed(prompt, seed)
     rng = random.Random(rng_seed)
-    opening = prompt_opening(prompt, vocab)
     markers = _Markers.for_completion(fmt, opening, vocab)
     # The length comes from `rng` first, then the words: reordering the draws would change every completion.
     budget = _WordBudget.draw(lengths, rng, markers, max_new_tokens)
+    loop = draw_loop(loops, rng_seed, vocab.word_ids)  # its own RNG: `rng` draws the same either way
+    loop_start = None if loop is None else place_loop(
+        loop.drawn_start, markers.runs(budget.reasoning_words), budget.natural_length)
     # Words are drawn only as far as the budget reaches; `choices` spends one random() per word,
     # so a smaller max_new_tokens yields a prefix of the same completion.
-    out = _BoundedOutput(budget.room)
+    out = _BoundedOutput(budget.room if loop_start is None else min(max_new_tokens, loop_start))
     layout = _write_output(out, rng, vocab, markers, budget)
     ids = out.ids
-    finish = _finish(ids, max_new_tokens, markers.stop_id)
+    if loop is None:
+        finish = _finish(ids, max_new_tokens, markers.stop_id)
+    else:
+        extend_with_loop(ids, loop.period_ids, max_new_tokens)
+        finish = {"type": "length", "length": max_new_tokens}  # a loop never reaches its stop token
+        if markers.thinking and len(markers.open_ids) <= loop_start <= layout.reasoning_end:
+            # The loop began in the reasoning, which it never closes: all of it is reasoning.
+            layout = Layout(layout.reasoning_start, len(ids), len(ids))
+    return assemble_plan(
+        ids, finish, layout, opening=opening, reasoning_format=fmt.name, vocab=vocab, rng_seed=rng_seed,
+        loop_start=loop_start, loop_period=None if loop is None else len(loop.period_ids),
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the reasoning words and the content words start and end in the output ids."""
+
+    reasoning_start: int
+    reasoning_end: int
+    content_start: int
+
+
+def assemble_plan(
+    ids: list[int],
+    finish: dict[str, Any],
+    layout: Layout,
+    *,
+    opening: Opening,
+    reasoning_format: str,
+    vocab: SimVocab,
+    rng_seed: int,
+    loop_start: int | None = None,
+    loop_period: int | None = None,
+) -> CompletionPlan:
+    """A plan from its output ids, finish and layout: the texts and counts follow from them."""
     text_end = len(ids) - 1 if finish["type"] == "stop" else len(ids)
     return CompletionPlan(
         output_ids=ids,
@@ -156,9 +163,11 @@ def plan_completion(
         opening=opening,
         reasoning_end=layout.reasoning_end,
         content_start=layout.content_start,
-        reasoning_format=fmt.name,
+        reasoning_format=reasoning_format,
         vocab=vocab,
         rng_seed=rng_seed,
+        loop_start=loop_start,
+        loop_period=loop_period,
     )
 
 
@@ -188,6 +197,14 @@ class _Markers:
         """Marker ids before the stop token."""
         return len(self.open_ids) + len(self.close_ids) + len(self.content_open_ids)
 
+    def runs(self, reasoning_words: int) -> list[tuple[int, int]]:
+        """Where the markers sit in the output ids, as [start, end) runs (where a loop may not start)."""
+        opened = len(self.open_ids)
+        if not self.thinking:
+            return [(0, len(self.content_open_ids))]
+        closing = opened + reasoning_words
+        return [(0, opened), (closing, closing + len(self.close_ids) + len(self.content_open_ids))]
+
 
 @dataclass(frozen=True)
 class _WordBudget:
@@ -196,6 +213,7 @@ class _WordBudget:
     reasoning_words: int
     content_words: int
     room: int
+    natural_length: int  # ids before the stop token, whatever the budget
 
     @classmethod
     def draw(cls, lengths: LengthModel, rng: random.Random, markers: _Markers, max_new_tokens: int) -> _WordBudget:
@@ -203,28 +221,20 @@ class _WordBudget:
             words = lengths.draw_words(rng)
             n_reasoning, n_content = lengths.split(words) if markers.thinking else (0, words)
             # The stop token comes once every word is out, if the budget has room left for it.
-            return cls(n_reasoning, n_content, room=max(0, max_new_tokens))
+            natural = markers.count + n_reasoning + n_content
+            return cls(n_reasoning, n_content, room=max(0, max_new_tokens), natural_length=natural)
         # Exactly `total` tokens: the markers, the words between them, the stop token. Shorter
         # than its markers, the completion is their first `total - 1` tokens and the stop token
         # (just the stop token for a length of 1).
         total = lengths.draw_tokens(rng)
         words = total - 1 - markers.count
         n_reasoning, n_content = lengths.split_exact(words) if markers.thinking else (0, max(words, 0))
-        return cls(n_reasoning, n_content, room=min(max(0, max_new_tokens), total - 1))
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where the reasoning words and the content words start and end in the output ids."""
-
-    reasoning_start: int
-    reasoning_end: int
-    content_start: int
+        return cls(n_reasoning, n_content, room=min(max(0, max_new_tokens), total - 1), natural_length=total - 1)
 
 
 def _write_output(
     out: _BoundedOutput, rng: random.Random, vocab: SimVocab, markers: _Markers, budget: _WordBudget
-) -> _Layout:
+) -> Layout:
     """Markers and words in the order the model writes them, cut where the budget runs out."""
     reasoning_start = reasoning_end = 0
     if markers.thinking:
@@ -236,7 +246,7 @@ def _write_output(
     out.extend(markers.content_open_ids)
     content_start = len(out.ids)
     out.draw_words(rng, vocab, budget.content_words)
-    return _Layout(reasoning_start, reasoning_end, content_start)
+    return Layout(reasoning_start, reasoning_end, content_start)
 
 
 def _finish(ids: list[int], max_new_tokens: int, stop_id: int) -> dict[str, Any]:
@@ -246,34 +256,6 @@ def _finish(ids: list[int], max_new_tokens: int, stop_id: int) -> dict[str, Any]
         ids.append(stop_id)
         return {"type": "stop", "matched": stop_id}
     return {"type": "length", "length": max_new_tokens}
-
-
-def completion_seed(prompt: Sequence[int] | str, seed: int) -> int:
-    """A process-independent RNG seed (never Python's salted `hash()`)."""
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(_prompt_bytes(prompt))
-    digest.update((seed & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
-    return int.from_bytes(digest.digest(), "little")
-
-
-def prompt_opening(prompt: Sequence[int] | str, vocab: SimVocab) -> Opening:
-    if isinstance(prompt, str):
-        if prompt.endswith(THINK_START + THINK_END):
-            return Opening.THINKING_OFF
-        return Opening.INSIDE_REASONING if prompt.endswith(THINK_START) else Opening.MODEL_OPENS
-    tail = list(prompt[-2:])
-    if tail == [vocab.think_start_id, vocab.think_end_id]:
-        return Opening.THINKING_OFF
-    return Opening.INSIDE_REASONING if tail[-1:] == [vocab.think_start_id] else Opening.MODEL_OPENS
-
-
-def _prompt_bytes(prompt: Sequence[int] | str) -> bytes:
-    if isinstance(prompt, str):
-        return prompt.encode("utf-8")
-    ids = array("I", prompt)  # uint32; raises OverflowError on ids outside its range
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids.tobytes()
 
 
 class _BoundedOutput:

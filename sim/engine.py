@@ -1,15 +1,16 @@
-"""The simulated scheduler: one request's slot, prefill, paced decode, chunk cadence and fault."""
+"""The simulated scheduler: one request's slot, prefill, paced decode, chunk cadence, fault and
+abort (sim.aborts)."""
 from __future__ import annotations
 
-import asyncio
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sim.aborts import FORCE_STREAM_INTERVAL, RequestControl
 from sim.capacity import Capacity
 from sim.chunking import DecodeSteps
 from sim.completion import CompletionPlan
+from sim.decode_clock import DecodeClock
 from sim.faults import Corruption, Fault, FaultKind
 from sim.wire import DONE, abort_finish
 
@@ -34,7 +35,9 @@ class Frames(Protocol):
         `count_bias` is added to the completion_tokens the last one reports."""
         ...
 
-    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes: ...
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0, generated: int | None = None) -> bytes:
+        """The non-streaming response: the whole plan, or its first `generated` tokens (an abort)."""
+        ...
 
     def streamed(self, generated: int) -> dict[str, Any]:
         """The text (and for chat, reasoning and content) the first `generated` tokens carried."""
@@ -73,9 +76,11 @@ class Generation:
     fault: Fault | None
     steps: DecodeSteps = DecodeSteps()
     corruption: Corruption | None = None
-    # Called as the last bytes of the response go out (never for a stall, nor for a client that
-    # left before them).
+    # Called as the last bytes of the response go out (never for a stall that nothing aborts, nor
+    # for a client that left before them).
     on_served: Callable[[Served], None] | None = None
+    # Called as the request ends, however it ends, with the output ids its client got.
+    on_cut: Callable[[int], None] | None = None
 
     @property
     def end(self) -> int:
@@ -93,23 +98,28 @@ class Engine:
         self.capacity = capacity
         self.tick = tick
 
-    async def run(self, generation: Generation, out: Responder) -> None:
-        """Serve one generation; cancel the task to abort it (the slot is freed at once)."""
+    async def run(self, generation: Generation, out: Responder, control: RequestControl) -> None:
+        """Serve one generation to its finish, its fault, or its abort (`control`, which frees the
+        slot at once; cancelling the task frees it too)."""
         if generation.stream:
             # Headers go out before the slot, like SGLang: a queued stream is a silent 200.
             await out.open_stream()
-        await self.capacity.acquire()
-        try:
-            await asyncio.sleep(self.capacity.prefill_seconds(generation.prompt_tokens))
-            clock = _DecodeClock(self.capacity, self.tick)
-            if generation.stream:
-                await self._stream(generation, clock, out)
-            else:
-                await self._respond(generation, clock, out)
-        finally:
-            self.capacity.release()
+        if await control.take_slot():
+            try:
+                await control.nap(self.capacity.prefill_seconds(generation.prompt_tokens))
+                if not control.aborted:
+                    clock = DecodeClock(self.capacity, self.tick, control)
+                    control.start_decoding(clock, generation.end)
+                    decode = self._stream if generation.stream else self._respond
+                    await decode(generation, clock, out, control)
+            finally:
+                control.release_slot()
+        if control.aborted:
+            await _end_aborted(generation, out, control)
 
-    async def _stream(self, generation: Generation, clock: _DecodeClock, out: Responder) -> None:
+    async def _stream(
+        self, generation: Generation, clock: DecodeClock, out: Responder, control: RequestControl
+    ) -> None:
         frames, end = generation.frames, generation.end
         fault = generation.fault.kind if generation.fault else None
         corruption = generation.corruption
@@ -128,51 +138,64 @@ class Engine:
         sent = 0
         batch: list[bytes] = []
         while True:
+            if control.aborted:  # checked on waking, before building chunks that would go unsent
+                control.struck = _fault_names(None, dropped=dropped is not None and dropped <= sent,
+                                              corruption=None, reported=False)
+                return
             ready = clock.ready(end)
             if upcoming is not None and upcoming <= ready:
-                before = sent
                 while upcoming is not None and upcoming <= ready:
                     data = frames.chunk(upcoming)
                     if upcoming != dropped:  # built all the same: the next delta starts after it
                         batch.append(data)
                     sent, upcoming = upcoming, next(counts, None)
-                self.capacity.record_tokens(sent - before)
+                control.record_decoded(sent)
             if ready == end:
                 break
             if data := b"".join(batch):  # a chat chunk of marker tokens alone has no event
                 await out.write(data)
+                control.sent = sent
             batch = []
             await clock.sleep_until(end if upcoming is None else min(upcoming, end))
 
-        self.capacity.record_tokens(end - sent)
+        control.record_decoded(end)
         if fault is FaultKind.STALL:
             if data := b"".join(batch):
                 await out.write(data)
-            await _silence()
-        faults = _fault_names(fault, dropped=dropped is not None, corruption=corruption,
-                              reported=fault is not FaultKind.ERROR_CHUNK and frames.counts_in_stream)
-        if fault is FaultKind.ERROR_CHUNK:
-            batch.append(frames.error_chunk())
-            served = Served(sent, None, faults)
-        else:
-            finish = abort_finish() if fault is FaultKind.ABORT else generation.plan.finish_reason
-            bias = corruption.count_bias if corruption else 0
-            batch.append(frames.chunk(end, finish=finish, count_bias=bias))
-            served = Served(end, finish, faults)
-        batch.append(DONE)
-        if generation.on_served is not None:  # before the last bytes: a client that saw them finds the line
-            generation.on_served(served)
-        await out.close_stream(b"".join(batch))
+                control.sent = sent
+            control.struck = _fault_names(fault, dropped=dropped is not None, corruption=None, reported=False)
+            while not control.aborted:  # silent until aborted: by /abort_request, or once the client left
+                await control.nap(None)
+            return
+        last, served = _last_chunk(generation, sent=sent, dropped=dropped is not None)
+        control.end(served)
+        await out.close_stream(b"".join(batch) + last + DONE)
         self.capacity.record_finished()
 
-    async def _respond(self, generation: Generation, clock: _DecodeClock, out: Responder) -> None:
-        while clock.ready(generation.end) < generation.end:
-            await clock.sleep_until(generation.end)
-        self.capacity.record_tokens(generation.end)
+    async def _respond(
+        self, generation: Generation, clock: DecodeClock, out: Responder, control: RequestControl
+    ) -> None:
+        end = generation.end
+        # The scheduler sends a non-streaming request an output every FORCE_STREAM_INTERVAL tokens,
+        # and that is when SGLang looks for its client (sim.aborts): nap from one to the next.
+        output = FORCE_STREAM_INTERVAL
+        while (ready := clock.ready(end)) < end and not control.aborted:
+            if ready >= output:
+                if control.client_gone:
+                    control.abort()
+                    return
+                output = (ready // FORCE_STREAM_INTERVAL + 1) * FORCE_STREAM_INTERVAL
+            await clock.sleep_until(min(end, output))
+        if control.aborted:
+            return
+        control.record_decoded(end)
         fault = generation.fault.kind if generation.fault else None
         corruption = generation.corruption
         if fault is FaultKind.STALL:
-            await _silence()
+            control.struck = (fault.value,)
+            while not control.aborted:  # silent until aborted
+                await control.nap(None)
+            return
         faults = _fault_names(fault, dropped=False, corruption=corruption,
                               reported=fault not in (FaultKind.ABORT, FaultKind.ERROR_CHUNK))
         if fault is FaultKind.ABORT:
@@ -183,10 +206,36 @@ class Engine:
             bias = corruption.count_bias if corruption else 0
             response = (200, generation.frames.body(count_bias=bias))
             served = Served(generation.end, generation.plan.finish_reason, faults)
-        if generation.on_served is not None:  # before the response: a client that has it finds the line
-            generation.on_served(served)
+        control.end(served)
         await out.respond(*response)
         self.capacity.record_finished()
+
+
+def _last_chunk(generation: Generation, *, sent: int, dropped: bool) -> tuple[bytes, Served]:
+    """A stream's last chunk: its finish (or a scheduler abort's) at its end, or an error chunk."""
+    frames, end, corruption = generation.frames, generation.end, generation.corruption
+    fault = generation.fault.kind if generation.fault else None
+    faults = _fault_names(fault, dropped=dropped, corruption=corruption,
+                          reported=fault is not FaultKind.ERROR_CHUNK and frames.counts_in_stream)
+    if fault is FaultKind.ERROR_CHUNK:
+        return frames.error_chunk(), Served(sent, None, faults)
+    finish = abort_finish() if fault is FaultKind.ABORT else generation.plan.finish_reason
+    bias = corruption.count_bias if corruption else 0
+    return frames.chunk(end, finish=finish, count_bias=bias), Served(end, finish, faults)
+
+
+async def _end_aborted(generation: Generation, out: Responder, control: RequestControl) -> None:
+    """An aborted request's last chunk (then [DONE]), or its 200 body: what was decoded by then."""
+    decoded, finish = control.decoded_at_abort, control.abort_finish
+    if generation.stream:
+        data = generation.frames.chunk(decoded, finish=finish) + DONE
+    else:
+        data = generation.frames.body(finish, generated=decoded)
+    control.end(Served(decoded, finish, control.struck))
+    if generation.stream:
+        await out.close_stream(data)
+    else:
+        await out.respond(200, data)
 
 
 def _fault_names(
@@ -199,41 +248,3 @@ def _fault_names(
     if reported and corruption is not None and corruption.miscount:
         names.append("miscount")
     return tuple(names)
-
-
-class _DecodeClock:
-    """One request's generated-token count, read off the shared decode clock, and its naps."""
-
-    def __init__(self, capacity: Capacity, tick: float) -> None:
-        self._capacity = capacity
-        # The first token comes out of prefill, so the request starts one token in.
-        self._origin = capacity.progress() - 1.0
-        self._tick = tick
-        # Held, not looked up per nap: asyncio.get_running_loop() costs a getpid() syscall on
-        # Python 3.11, and streams nap thousands of times a second.
-        self._loop = asyncio.get_running_loop()
-
-    def ready(self, limit: int) -> int:
-        # The epsilon keeps rounding in `origin` from holding back a token that is due.
-        return min(limit, math.floor(self._capacity.progress() - self._origin + 1e-9))
-
-    async def sleep_until(self, count: int) -> None:
-        """Sleep until `count` tokens are due if `running` holds, but at least a tick: waking per
-        token would burn the CPU the clients need. The caller re-reads `ready` on waking."""
-        delay = max(self._tick, self._capacity.seconds_until(self._origin + count))
-        woken = self._loop.create_future()
-        timer = self._loop.call_later(delay, _wake, woken)
-        try:
-            await woken
-        finally:
-            timer.cancel()
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-async def _silence() -> None:
-    """A stalled request: holds its slot until the client disconnects and the task is cancelled."""
-    await asyncio.get_running_loop().create_future()

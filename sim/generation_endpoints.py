@@ -1,21 +1,25 @@
 """The simulated SGLang server's token-carrying endpoints, /generate and /v1/chat/completions:
 each request validated as SGLang 0.5.23 validates it (same status, same error body), admitted,
-planned, and answered by a streaming or one-shot `GenerationResponse`."""
+planned (or, continuing a cut completion, sim.continuation), and answered by a streaming or one-shot
+`GenerationResponse`; and /abort_request, which ends requests in flight (sim.aborts)."""
 from __future__ import annotations
 
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope
 
+from sim.aborts import InFlight, RequestControl
 from sim.capacity import Capacity
 from sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
 from sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
 from sim.completion import CompletionPlan
-from sim.completion_log import CompletionLog
+from sim.completion_log import CompletionLog, served_record
+from sim.continuation import Cut, CutCompletions
 from sim.engine import Engine, Frames, Generation, Served
 from sim.faults import FaultInjector, FaultKind
 from sim.generation_response import GenerationResponse, read_body
@@ -35,6 +39,7 @@ from sim.wire import (
 
 GENERATE_METHODS = ("POST", "PUT")
 CHAT_METHODS = ("POST",)
+ABORT_METHODS = ("POST",)
 JSON_MEDIA_TYPE = "application/json"
 
 
@@ -62,7 +67,8 @@ class GenerationEndpoints:
         self.engine = Engine(capacity, tick=settings.tick)
         self.faults = FaultInjector(settings.faults)
         self.log = log
-        self._rids_in_flight: set[str] = set()
+        self.in_flight = InFlight()
+        self.cuts = CutCompletions()
 
     # -- /generate ----------------------------------------------------------------------------
 
@@ -85,22 +91,26 @@ class GenerationEndpoints:
 
     def _prepare(self, request: GenerateRequest) -> tuple[Generation, str]:
         prompt = request.prompt
-        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(self.vocab.encode(prompt))
-        rid = self._admit(prompt_tokens, request.rid)
-        plan = self.settings.plan(prompt, vocab=self.vocab, seed=request.sampling_seed,
-                                  max_new_tokens=request.max_new_tokens)
+        prompt_ids = prompt if isinstance(prompt, list) else self.vocab.encode(prompt)
+        rid = self._admit(len(prompt_ids), request.rid)
+        cut = self.cuts.find(prompt) if isinstance(prompt, list) else None
+        if cut is None:
+            plan = self.settings.plan(prompt, vocab=self.vocab, seed=request.sampling_seed,
+                                      max_new_tokens=request.max_new_tokens)
+        else:
+            plan = self.settings.plan_cut_continuation(cut, vocab=self.vocab, max_new_tokens=request.max_new_tokens)
         frames = self.encoder.frames(
             plan,
             rid=rid,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(prompt_ids),
             skip_special_tokens=request.skip_special_tokens,
             incremental=self.settings.incremental,
             error_format=self.settings.faults.error_format,
         )
         prompt_field = {"input_ids": prompt} if isinstance(prompt, list) else {"input_text": prompt}
+        log_head = {"rid": rid, "api": "generate", **({"continues": cut.rid} if cut else {}), **prompt_field}
         generation = self._generation(
-            plan, frames, prompt_tokens, request.stream, request.stream_interval,
-            log_head={"rid": rid, "api": "generate", **prompt_field},
+            plan, frames, prompt_ids, request.stream, request.stream_interval, log_head=log_head, continues=cut,
         )
         return generation, rid
 
@@ -158,7 +168,7 @@ class GenerationEndpoints:
         table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
         frames = ChatFrames(plan, table=table, options=options)
         log_head = {"rid": rid, "api": "chat", "input_ids": prompt_ids}
-        return self._generation(plan, frames, prompt_tokens, request.stream, None, log_head=log_head), rid
+        return self._generation(plan, frames, prompt_ids, request.stream, None, log_head=log_head), rid
 
     # -- shared by both APIs ------------------------------------------------------------------
 
@@ -170,7 +180,7 @@ class GenerationEndpoints:
                 f"({self.settings.context_length} tokens)."
             )
         rid = rid if rid is not None else prefix + uuid.uuid4().hex
-        if rid in self._rids_in_flight:
+        if rid in self.in_flight:
             raise InvalidRequest(f"Duplicate request ID detected: {rid}")
         return rid
 
@@ -178,11 +188,12 @@ class GenerationEndpoints:
         self,
         plan: CompletionPlan,
         frames: Frames,
-        prompt_tokens: int,
+        prompt_ids: list[int],
         stream: bool,
         stream_interval: int | None,
         *,
         log_head: dict[str, Any],
+        continues: Cut | None = None,
     ) -> Generation:
         interval = self.settings.effective_stream_interval(stream_interval)
         on_served = None
@@ -190,36 +201,59 @@ class GenerationEndpoints:
             log, incremental = self.log, self.settings.incremental and stream
 
             def on_served(served: Served) -> None:
-                log.write({
-                    **log_head,
-                    "output_ids": plan.output_ids[: served.generated],
-                    **frames.streamed(served.generated),
-                    "finish_reason": served.finish_reason,
-                    "completion_tokens": min(served.generated, len(plan.output_ids)),
-                    "stream": stream,
-                    "stream_interval": interval,
-                    "incremental": incremental,
-                    "faults": list(served.faults),
-                })
+                log.write(served_record(log_head, plan, frames, served, stream=stream, stream_interval=interval,
+                                        incremental=incremental))
 
         return Generation(
             plan=plan,
             frames=frames,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(prompt_ids),
             stream=stream,
             stream_interval=interval,
             fault=self.faults.draw(),  # one draw per admitted request, in arrival order
             steps=self.settings.steps,
             corruption=self.faults.draw_corruption(),  # also one per admitted request
             on_served=on_served,
+            on_cut=self._cut_recorder(plan, prompt_ids, log_head["rid"], continues),
         )
 
+    def _cut_recorder(
+        self, plan: CompletionPlan, prompt_ids: list[int], rid: str, continues: Cut | None
+    ) -> Callable[[int], None]:
+        """Remembers the completion as cut when its client got part of it (sim.continuation)."""
+        offset = continues.generated if continues is not None else 0
+
+        def on_cut(got: int) -> None:
+            if got <= 0 or (plan.stopped and got >= plan.completion_tokens):
+                return  # nothing to continue from, or nothing left to continue
+            cut = Cut(rid, plan.rng_seed, plan.opening, offset + got)
+            self.cuts.remember(prompt_ids, plan.output_ids[:got], cut)
+
+        return on_cut
+
     def _respond(self, generation: Generation, rid: str) -> ASGIApp:
-        self._rids_in_flight.add(rid)
-        return GenerationResponse(
-            self.engine, generation, on_disconnect=self.capacity.record_disconnected,
-            on_done=lambda: self._rids_in_flight.discard(rid),
+        control = RequestControl(
+            rid, stream=generation.stream, capacity=self.capacity,
+            disconnect_abort_s=self.settings.disconnect_abort_s,
+            on_served=generation.on_served, on_cut=generation.on_cut,
         )
+        self.in_flight.add(control)
+        return GenerationResponse(self.engine, generation, control, on_done=lambda: self.in_flight.remove(control))
+
+    # -- /abort_request -----------------------------------------------------------------------
+
+    async def abort_request(self, scope: Scope, receive: Receive) -> ASGIApp:
+        """`{"rid": ..., "abort_all": false}`: 200 with an empty body, whether or not anything was
+        aborted (sglang 0.5.23 `entrypoints/http_server.py` `abort_request`; sim.aborts)."""
+        body = await _json_body(scope, receive, ABORT_METHODS)
+        if isinstance(body, Response):
+            return body
+        fields = body if isinstance(body, dict) else {}
+        rid, abort_all = fields.get("rid"), fields.get("abort_all", False)
+        if not isinstance(body, dict) or not (rid is None or isinstance(rid, str)) or not isinstance(abort_all, bool):
+            return _bad_request('expected an AbortReq: {"rid": string, "abort_all": boolean}')
+        self.in_flight.abort_request(rid, abort_all)
+        return Response(status_code=200)
 
 
 async def _json_body(scope: Scope, receive: Receive, methods: tuple[str, ...]) -> Any:

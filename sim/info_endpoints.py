@@ -1,6 +1,6 @@
 """The simulated SGLang server's endpoints that carry no tokens: health, model and server info,
 the model list, /flush_cache and the root, plus the sim's own /sim/stats. They go through
-Starlette's routing; the generation routes do not (see `sim.server`)."""
+Starlette's routing; the generation routes and /abort_request do not (see `sim.server`)."""
 from __future__ import annotations
 
 import time
@@ -94,6 +94,8 @@ class InfoEndpoints:
                     "lengths": asdict(settings.lengths),
                     "steps": asdict(settings.steps),
                     "faults": {**asdict(settings.faults), "error_format": settings.faults.error_format.value},
+                    "loops": asdict(settings.loops),
+                    "disconnect_abort_s": settings.disconnect_abort_s,
                     "tick": settings.tick,
                 },
                 "version": "0.5.23",

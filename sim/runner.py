@@ -43,11 +43,13 @@ class _SimUvicorn(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, sim: SimServer) -> None:
         super().__init__(config)
         self.sim = sim
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if not self.started:
             return
+        self._loop = asyncio.get_running_loop()
         settings = self.sim.settings
         print(f"sim listening on {settings.url} ({settings.describe()})", flush=True)
         if settings.faults.die_after is not None:
@@ -55,6 +57,8 @@ class _SimUvicorn(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.sim.shutting_down = True
+        if self._loop is not None:  # a signal handler: the loop runs the aborts, between its callbacks
+            self._loop.call_soon_threadsafe(self.sim.generation.in_flight.abort_left)
         super().handle_exit(sig, frame)
 
 

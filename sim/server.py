@@ -16,6 +16,7 @@ from sim.vocab import SimVocab
 
 GENERATE_PATH = "/generate"
 CHAT_PATH = "/v1/chat/completions"
+ABORT_PATH = "/abort_request"
 
 
 class SimServer:
@@ -39,13 +40,19 @@ class SimServer:
             is_shutting_down=lambda: self.shutting_down,
         )
         self._routes = self.info.app()
+        # /abort_request goes with them: it reaches the requests in flight that they hold.
+        self._generation_routes = {
+            GENERATE_PATH: self.generation.generate,
+            CHAT_PATH: self.generation.chat,
+            ABORT_PATH: self.generation.abort_request,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The generation routes carry every token, so they skip Starlette's routing and
         # middleware, which would otherwise wrap each chunk's `send` in two more coroutines.
         path = scope["path"] if scope["type"] == "http" else None
-        if path == GENERATE_PATH or path == CHAT_PATH:
-            endpoint = self.generation.generate if path == GENERATE_PATH else self.generation.chat
+        endpoint = self._generation_routes.get(path) if path is not None else None
+        if endpoint is not None:
             try:
                 response = await endpoint(scope, receive)
             except ClientDisconnect:

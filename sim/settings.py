@@ -1,5 +1,6 @@
 """Everything a simulated server is configured with, as one typed object, and the pure functions
-that predict what it serves: `plan` (a prompt's completion) and `stream_counts` (its chunks)."""
+that predict what it serves: `plan` (a prompt's completion), `plan_continuation` (what a request
+continuing a cut completion gets) and `stream_counts` (its chunks)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,13 +9,18 @@ from pathlib import Path
 
 from sim.capacity import CapacitySettings
 from sim.chunking import DecodeSteps
-from sim.completion import CompletionPlan, LengthModel, plan_completion
+from sim.completion import CompletionPlan, LengthModel, plan_completion, plan_seeded
+from sim.continuation import Cut, continuation_tail
 from sim.faults import FaultSettings
+from sim.loops import NO_LOOPS, LoopModel
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
 from sim.request import DEFAULT_MAX_NEW_TOKENS
 from sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
 
 DEFAULT_CONTEXT_LENGTH = 32768
+# `create_abort_task` sleeps 2 s before aborting a stream whose client left (sglang 0.5.23
+# `managers/tokenizer_manager.py`).
+DEFAULT_DISCONNECT_ABORT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class SimSettings:
     steps: DecodeSteps = field(default_factory=DecodeSteps)  # tokens per decode step
     server_info: bool = True  # False: /server_info and /get_server_info answer 404
     log_completions: Path | None = None  # a JSON line per served request (sim.completion_log)
+    loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.loops)
+    disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.aborts)
 
     @property
     def url(self) -> str:
@@ -59,7 +67,32 @@ class SimSettings:
             lengths=self.lengths,
             vocab=vocab,
             reasoning_format=self.reasoning_format,
+            loops=self.loops,
         )
+
+    def plan_continuation(
+        self,
+        prompt: Sequence[int] | str,
+        *,
+        vocab: SimVocab,
+        generated: int,
+        seed: int | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> CompletionPlan:
+        """What a request continuing `prompt`'s completion after its first `generated` output ids
+        gets (sim.continuation): `prompt` and `seed` are the ORIGINAL request's, `max_new_tokens`
+        the continuation's. `plan(prompt, max_new_tokens=generated)` and this, joined, are
+        `plan(prompt, max_new_tokens=generated + max_new_tokens)`."""
+        whole = self.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated + max_new_tokens)
+        return continuation_tail(whole, generated, max_new_tokens)
+
+    def plan_cut_continuation(self, cut: Cut, *, vocab: SimVocab, max_new_tokens: int) -> CompletionPlan:
+        """`plan_continuation` for a cut the server remembers (by seed, not by prompt)."""
+        whole = plan_seeded(
+            cut.rng_seed, cut.opening, max_new_tokens=cut.generated + max_new_tokens, lengths=self.lengths,
+            vocab=vocab, reasoning_format=self.reasoning_format, loops=self.loops,
+        )
+        return continuation_tail(whole, cut.generated, max_new_tokens)
 
     def chat_max_new_tokens(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """A chat request's budget: its max_(completion_)tokens, else up to the context length."""
@@ -87,7 +120,8 @@ class SimSettings:
             f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, {length}, "
             f"{'incremental' if self.incremental else 'cumulative'} stream every {self.stream_interval}, "
             f"{self.steps.describe()}, reasoning {self.reasoning_format}, seed {self.seed}, "
-            f"context {self.context_length}, faults: {self.faults.describe()}"
+            f"context {self.context_length}, {self.loops.describe()}, "
+            f"disconnect abort after {self.disconnect_abort_s:g}s, faults: {self.faults.describe()}"
             + ("" if self.server_info else ", no /server_info")
             + (f", logging completions to {self.log_completions}" if self.log_completions else "")
         )

@@ -106,11 +106,11 @@ class CompletionFrames:
         added to the completion_tokens it reports (the miscount fault)."""
         return self._response(generated, finish, b'data: {"text":"', b"}}\n\n", count_bias)
 
-    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0) -> bytes:
-        """The non-streaming response: everything, first and last at once."""
-        return self._response(
-            self.plan.completion_tokens, finish or self.plan.finish_reason, b'{"text":"', b"}}", count_bias
-        )
+    def body(self, finish: dict[str, Any] | None = None, *, count_bias: int = 0, generated: int | None = None) -> bytes:
+        """The non-streaming response: everything (or, aborted, the first `generated` tokens), first
+        and last at once."""
+        generated = self.plan.completion_tokens if generated is None else generated
+        return self._response(generated, finish or self.plan.finish_reason, b'{"text":"', b"}}", count_bias)
 
     def streamed(self, generated: int) -> dict[str, Any]:
         """The text of the first `generated` tokens, as the chunks carry it (for the completion log)."""
