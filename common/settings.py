@@ -26,6 +26,9 @@ class Settings(BaseSettings):
 
     # SGLang hosts a worker streams from; `genfleet worker --upstream` overrides.
     upstreams: Annotated[list[str], NoDecode] = []
+    # "affinity": prompts sharing a prefix go to the same host, for its prefix cache, within a load
+    # bound; "least-busy": every request to the host with the fewest in flight (workers/upstreams.py).
+    routing: Literal["affinity", "least-busy"] = "affinity"
     # The queue a worker consumes, and its requests in flight (None: `in_flight()`'s default).
     pool: Literal["short", "long"] = "short"
     concurrency: int | None = None

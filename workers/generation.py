@@ -5,6 +5,7 @@ a continued completion (`workers/truncation.py`) resumes from the ids its earlie
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import replace
 
 from common.records import TaskPayload, Turn, Usage
@@ -17,6 +18,10 @@ from workers.sglang.requests import chat_body, generate_body
 from workers.sglang.stream_watch import StreamWatch
 from workers.truncation import Continuation, joined, prompt_with_prefix
 from workers.turns import history_before, reply_positions
+
+# Leading prompt tokens that pick a host: a shorter prompt is hashed whole, so unrelated prompts
+# spread evenly; prompts sharing a longer prefix (a system prompt) meet on one host's cache.
+AFFINITY_PREFIX_TOKENS = 256
 
 
 def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
@@ -56,7 +61,7 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     # Before any GPU time is spent: a record that cannot be written is work thrown away.
     runtime.disk.wait_writable(settings.disk_wait_s, stop)
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
-                    should_stop=stop) as upstream:
+                    should_stop=stop, affinity=affinity_key(payload)) as upstream:
         # Checked once a slot is held, right before generating: a spare thread may have waited.
         # Prompts already streaming may still overshoot the budget by their own length.
         if budget_spent(payload, runtime):
@@ -76,6 +81,16 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             raise
         pool.report(upstream, ok=True)
         return joined(prior, generation), upstream
+
+
+def affinity_key(payload: TaskPayload) -> bytes:
+    """What decides which host's prefix cache a request should find warm (workers/upstreams.py):
+    the prompt's leading token ids, which its samples, the parts of its continued completion and
+    every prompt sharing a long system prompt have in common; for a conversation regenerated turn
+    by turn (templated here, turn by turn) or over the chat API (no ids), the prompt's own id."""
+    if payload.regenerate == "all" or not payload.input_ids:
+        return b"prompt:" + payload.prompt_id.encode()
+    return array("I", payload.input_ids[:AFFINITY_PREFIX_TOKENS]).tobytes()
 
 
 def loop_watch(payload: TaskPayload, runtime: WorkerRuntime, prior: Continuation | None) -> StreamWatch | None:

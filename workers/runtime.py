@@ -53,7 +53,7 @@ class WorkerRuntime:
                               connect_timeout_s=settings.connect_timeout_s, stall_timeout_s=settings.stall_timeout_s)
         upstreams = UpstreamPool(settings.upstreams, per_upstream_cap=per_upstream_cap(settings),
                                  failure_threshold=settings.breaker_failures, open_s=settings.breaker_open_s,
-                                 probe_interval_s=settings.health_interval_s)
+                                 probe_interval_s=settings.health_interval_s, routing=settings.routing)
         # A host whose breaker closes again may have restarted with other settings.
         upstreams.on_recovered = client.forget
         name = f"{settings.pool}-{socket.gethostname()}-{os.getpid()}"

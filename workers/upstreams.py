@@ -1,5 +1,17 @@
-"""Routes each generation to a healthy SGLang host with the fewest requests in flight from this
-worker, with a per-host in-flight cap and a circuit breaker per host.
+"""Routes each generation to a healthy SGLang host, with a per-host in-flight cap and a circuit
+breaker per host.
+
+Routing is prefix-cache aware, with bounded load. Each SGLang server keeps a radix cache of the
+prefixes it has computed (0.5.23 `mem_cache/radix_cache.py`): a prompt whose prefix is cached skips
+that part of its prefill. Prompts that share a prefix (the samples of one prompt, the parts of a
+continued completion, the turns of a conversation, a long shared system prompt) therefore go to the
+same host: the one rendezvous hashing of their affinity key ranks first among the healthy hosts (so
+a host that goes down moves only its own keys). The preferred host is skipped when it holds more
+than `LOAD_FACTOR` times the mean in flight (bounded-load consistent hashing, Mirrokni, Thorup and
+Zadimoghaddam 2018) or has no free slot; the least busy host takes the request then. When every
+host is full, a freed slot goes first to a waiting request that prefers that host; one that does not
+takes it after `SPILL_GRACE_S`, so a slot never idles long. Without a key (or with
+`GENFLEET_ROUTING=least-busy`) the least busy host takes every request.
 
 A host's circuit opens after consecutive failures; while open, the host gets no traffic. After a
 cool-down, a `/health` probe (half-open) decides whether traffic returns. When no host can take a
@@ -8,6 +20,7 @@ instead of burning through retries.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -20,6 +33,13 @@ import httpx
 from workers.errors import ShutdownRequested, TransientError
 
 log = logging.getLogger(__name__)
+
+ROUTING_MODES = ("affinity", "least-busy")
+# A host may hold up to this many times the mean in flight before its keys spill to others.
+LOAD_FACTOR = 1.25
+# How long a freed slot waits for a request that prefers its host before any request takes it: far
+# below a generation's seconds, so the slot's idle time is noise.
+SPILL_GRACE_S = 0.05
 
 
 class NoUpstreamError(RuntimeError):
@@ -46,11 +66,14 @@ class UpstreamState:
 
 class UpstreamPool:
     def __init__(self, urls: list[str], *, per_upstream_cap: int, failure_threshold: int = 3,
-                 open_s: float = 30.0, probe_interval_s: float = 15.0) -> None:
+                 open_s: float = 30.0, probe_interval_s: float = 15.0, routing: str = "affinity") -> None:
         if not urls:
             raise NoUpstreamError("no SGLang upstream configured: pass --upstream URL (or GENFLEET_UPSTREAMS)")
         self.states = {url.rstrip("/"): UpstreamState(url.rstrip("/")) for url in urls}
         self.per_upstream_cap = per_upstream_cap
+        if routing not in ROUTING_MODES:
+            raise NoUpstreamError(f"GENFLEET_ROUTING must be one of {', '.join(ROUTING_MODES)}, not {routing!r}")
+        self.routing = routing
         self.failure_threshold = failure_threshold
         self.open_s = open_s
         self.probe_interval_s = probe_interval_s
@@ -66,26 +89,33 @@ class UpstreamPool:
 
     @contextmanager
     def lease(self, *, avoid: str | None = None, wait_s: float = 600.0,
-              should_stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
-        """One slot on the least busy healthy upstream, other than `avoid` (the one that just failed)
-        when another can take it."""
+              should_stop: Callable[[], bool] = lambda: False, affinity: bytes | None = None) -> Iterator[str]:
+        """One slot on a healthy upstream other than `avoid` (the one that just failed) when another
+        can take it: the host `affinity` prefers within the load bound, else the least busy."""
         deadline = time.monotonic() + wait_s
+        spill_at = time.monotonic() + SPILL_GRACE_S
         with self._cond:
-            while (state := self._pick(avoid)) is None:
+            while (state := self._pick(avoid, affinity, spill=time.monotonic() >= spill_at)) is None:
                 if should_stop():
                     raise ShutdownRequested()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "
                                               + ", ".join(self._describe()))
-                self._cond.wait(timeout=min(remaining, 1.0))
+                if self._has_free_slot():  # only its preferred host is full: wait out the grace
+                    self._cond.wait(timeout=max(min(spill_at - time.monotonic(), remaining), 0.001))
+                else:
+                    # A new wait for a slot: its grace starts when one frees.
+                    self._cond.wait(timeout=min(remaining, 1.0))
+                    spill_at = time.monotonic() + SPILL_GRACE_S
             state.in_flight += 1
         try:
             yield state.url
         finally:
             with self._cond:
                 state.in_flight -= 1
-                self._cond.notify()
+                # Every waiter looks: the one that prefers this host takes it first.
+                self._cond.notify_all()
 
     def report(self, url: str, *, ok: bool) -> None:
         """The outcome of a request, for the breaker: only failures that blame the host count."""
@@ -132,11 +162,33 @@ class UpstreamPool:
             if recovered:
                 self.on_recovered(url)
 
-    def _pick(self, avoid: str | None) -> UpstreamState | None:
+    def _pick(self, avoid: str | None, affinity: bytes | None = None, *, spill: bool = True) -> UpstreamState | None:
+        """The host for the next request, or None to wait. `spill`: when the preferred host is
+        full, whether another may take it now (after the grace) or the request waits for it."""
         ready = [s for s in self.states.values() if not s.is_open and s.in_flight < self.per_upstream_cap]
+        if affinity is not None and self.routing == "affinity" and len(self.states) > 1:
+            preferred = self._preferred(affinity, avoid)
+            if preferred is not None:
+                if preferred in ready and preferred.in_flight < self._load_bound():
+                    return preferred
+                if preferred not in ready and not spill:
+                    return None
         if not ready:
             return None
         return min(ready, key=lambda s: (s.url == avoid, s.in_flight))
+
+    def _preferred(self, affinity: bytes, avoid: str | None) -> UpstreamState | None:
+        """Rendezvous (highest random weight) hashing over the healthy hosts."""
+        healthy = [s for s in self.states.values() if not s.is_open and s.url != avoid]
+        return max(healthy, key=lambda s: _weight(affinity, s.url), default=None)
+
+    def _load_bound(self) -> float:
+        healthy = [s for s in self.states.values() if not s.is_open]
+        mean = (sum(s.in_flight for s in healthy) + 1) / max(len(healthy), 1)
+        return LOAD_FACTOR * mean
+
+    def _has_free_slot(self) -> bool:
+        return any(not s.is_open and s.in_flight < self.per_upstream_cap for s in self.states.values())
 
     def _describe(self) -> list[str]:
         return [f"{s.url} ({'down' if s.is_open else f'{s.in_flight} in flight'})" for s in self.states.values()]
@@ -144,6 +196,10 @@ class UpstreamPool:
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.probe_interval_s):
             self.probe_once()
+
+
+def _weight(key: bytes, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key + url.encode(), digest_size=8).digest(), "little")
 
 
 def _healthy(url: str) -> bool:

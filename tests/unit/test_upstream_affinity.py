@@ -1,0 +1,109 @@
+"""Prefix-cache-aware routing in `UpstreamPool`: a key always prefers the same healthy host
+(rendezvous hashing), keys spread over the hosts, a host past the load bound spills to the least
+busy, a host going down moves only its own keys, and a freed slot goes first to a request that
+prefers its host."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from helpers.waits import wait_until
+from test_upstreams import Slots
+
+from workers.upstreams import LOAD_FACTOR, SPILL_GRACE_S, UpstreamPool
+
+HOSTS = [f"http://h{i}" for i in range(4)]
+
+
+def preferred(pool: UpstreamPool, key: bytes) -> str:
+    with pool.lease(affinity=key) as url:
+        return url
+
+
+def test_a_key_always_goes_to_the_same_host_and_keys_spread_over_all():
+    pool = UpstreamPool(HOSTS, per_upstream_cap=10)
+    keys = [f"prompt {i}".encode() for i in range(4000)]
+    first = {key: preferred(pool, key) for key in keys}
+    assert all(preferred(pool, key) == host for key, host in list(first.items())[:200])
+    spread = Counter(first.values())
+    assert set(spread) == set(HOSTS) and min(spread.values()) > 4000 / 4 * 0.85
+
+
+def test_a_host_going_down_moves_only_its_own_keys():
+    pool = UpstreamPool(HOSTS, per_upstream_cap=10)
+    keys = [f"prompt {i}".encode() for i in range(2000)]
+    before = {key: preferred(pool, key) for key in keys}
+    for _ in range(pool.failure_threshold):
+        pool.report(HOSTS[0], ok=False)
+    after = {key: preferred(pool, key) for key in keys}
+    moved = {key for key in keys if before[key] != after[key]}
+    assert moved == {key for key in keys if before[key] == HOSTS[0]}
+
+
+def test_a_preferred_host_past_the_load_bound_spills_to_the_least_busy():
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    slots = Slots(pool)
+    key = b"a shared system prompt"
+    home = preferred(pool, key)
+    taken = [slots.take(affinity=key) for _ in range(40)]
+    # The home host took its share (up to LOAD_FACTOR x the mean), the rest went elsewhere.
+    in_flight = pool.in_flight()
+    assert taken[0] == home and in_flight[home] <= LOAD_FACTOR * (40 / 4) + 1
+    assert max(in_flight.values()) - min(in_flight.values()) <= LOAD_FACTOR * 10
+    assert in_flight[home] == max(in_flight.values())
+
+
+def test_least_busy_routing_ignores_the_key():
+    slots = Slots(UpstreamPool(HOSTS, per_upstream_cap=10, routing="least-busy"))
+    assert sorted(slots.take(affinity=b"same") for _ in range(4)) == sorted(HOSTS)
+
+
+def test_a_freed_slot_goes_first_to_a_waiting_request_that_prefers_its_host():
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1)
+    slots = Slots(pool)
+    keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
+    slots.take(affinity=keys[HOSTS[0]])
+    slots.take(affinity=keys[HOSTS[1]])
+    got: dict[str, str] = {}
+
+    def wait_for(name: str, key: bytes) -> None:
+        with pool.lease(affinity=key) as url:
+            got[name] = url
+            time.sleep(0.5)
+
+    # Both wait; the one preferring h1 is first in line, yet h0's freed slot goes to h0's fan.
+    threads = [threading.Thread(target=wait_for, args=(name, keys[host])) for name, host in
+               (("fan of h1", HOSTS[1]), ("fan of h0", HOSTS[0]))]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    slots.give_back(0)
+    wait_until(lambda: "fan of h0" in got, timeout=2)
+    assert got["fan of h0"] == HOSTS[0] and "fan of h1" not in got
+    slots.give_back(1)
+    for thread in threads:
+        thread.join(timeout=3)
+    assert got["fan of h1"] == HOSTS[1]
+
+
+def test_a_freed_slot_nobody_prefers_is_taken_after_the_grace():
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1)
+    slots = Slots(pool)
+    keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
+    slots.take(affinity=keys[HOSTS[0]])
+    slots.take(affinity=keys[HOSTS[1]])
+    took: list[tuple[str, float]] = []
+
+    def wait() -> None:
+        with pool.lease(affinity=keys[HOSTS[1]]) as url:
+            took.append((url, time.monotonic()))
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.1)
+    released_at = time.monotonic()
+    slots.give_back(0)  # h0 frees; the waiter prefers h1, which stays full
+    thread.join(timeout=2)
+    (url, at), = took
+    assert url == HOSTS[0] and SPILL_GRACE_S * 0.8 <= at - released_at < SPILL_GRACE_S + 0.5
