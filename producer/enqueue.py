@@ -20,7 +20,7 @@ from producer.publisher import PublishResult
 from producer.readers import MalformedRow, SourceRow, open_dataset
 from producer.report import DatasetReport, rejection_kind
 from producer.run_config import DatasetConfig, RunConfig
-from producer.samples import sample_payload, sample_slots
+from producer.samples import sample_payload, sample_slots, spread_samples
 from producer.templating import PromptTemplater
 
 
@@ -98,7 +98,7 @@ class _BatchPass:
         claimed = enqueued | done
         fresh = [c for c in candidates if not claimed.issuperset(sample_slots(c.source.row, samples))]
         token_ids = iter(self.templater.render([c.messages for c in fresh], self.dataset.chat_template_kwargs))
-        tasks: list[OutgoingTask] = []
+        tasks: list[list[OutgoingTask]] = []  # per prompt, its samples
         now = time.time()
         cut_row = None
         for candidate in candidates:
@@ -111,7 +111,7 @@ class _BatchPass:
                 new = self._tasks(candidate, next(token_ids), now, rejections, [s for s in slots if s not in claimed])
                 if not new:
                     continue
-                tasks += new
+                tasks.append(new)
                 self.accepted += 1
             if self.dataset.max_prompts is not None and self.accepted >= self.dataset.max_prompts:
                 cut_row = candidate.source.row
@@ -121,7 +121,7 @@ class _BatchPass:
         for rejection in rejections:
             self.report.reject(rejection, rejection_kind(rejection.reason))
         # A rejected prompt is recorded once, at its first sample's slot.
-        return tasks, [replace(r, row=r.row * samples) for r in rejections], cut_row is not None
+        return spread_samples(tasks), [replace(r, row=r.row * samples) for r in rejections], cut_row is not None
 
     def _candidate(self, item: SourceRow | MalformedRow, rejections: list[RowRejection]) -> _Candidate | None:
         if isinstance(item, MalformedRow):

@@ -13,9 +13,17 @@ random at temperature > 0), just not reproducible.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from common.records import TaskPayload
+
+T = TypeVar("T")
+# Prompts whose samples are interleaved in the queue: sample k of a prompt follows sample k-1 by
+# this many tasks, long enough for the first one's prefill to be cached on its host before the next
+# arrives, short enough that the cache still holds it.
+SPREAD_GROUP = 64
 
 
 def sample_slots(row: int, samples: int) -> list[int]:
@@ -35,3 +43,19 @@ def sample_payload(base: TaskPayload, slot: int, samples: int) -> TaskPayload:
     sampling = {**base.sampling,
                 "sampling_seed": sample_seed(base.id, sample, int(base.sampling.get("sampling_seed") or 0))}
     return replace(base, id=f"{base.id}#{sample}", row=slot, sample=sample, sampling=sampling)
+
+
+def spread_samples(per_prompt: Sequence[Sequence[T]], group: int = SPREAD_GROUP) -> list[T]:
+    """The queue order of a batch's tasks: within each group of prompts, every prompt's sample 0,
+    then every sample 1, ... SGLang's default FCFS scheduler prefills requests that arrive together
+    in one batch, so samples of one prompt sent back to back would all miss its prefix cache
+    (in-batch prefix caching only applies to the cache-aware policies: 0.5.23
+    `managers/schedule_policy.py::_compute_prefix_matches`; the default is "fcfs",
+    `arg_groups/fields/schedule.py`). Spread out, each later sample finds the prompt cached on the
+    host its affinity key routes it to (workers/upstreams.py)."""
+    ordered: list[T] = []
+    for start in range(0, len(per_prompt), group):
+        chunk = per_prompt[start:start + group]
+        for k in range(max((len(tasks) for tasks in chunk), default=0)):
+            ordered += [tasks[k] for tasks in chunk if k < len(tasks)]
+    return ordered

@@ -111,3 +111,15 @@ def test_defaults_keep_the_identity_of_runs_enqueued_before_these_options():
     assert not {"samples", "loop_guard", "on_truncated"} & set(dataset.identity())
     changed = resolve(options(samples=2, on_truncated="continue"), None, Settings()).datasets[0]
     assert changed.identity()["samples"] == 2 and changed.identity()["on_truncated"] == "continue"
+
+
+@given(st.lists(st.integers(1, 5), max_size=200), st.integers(1, 70))
+def test_samples_are_spread_sample_major_within_groups_and_none_is_lost(counts, group):
+    from producer.samples import spread_samples
+
+    per_prompt = [[(p, k) for k in range(n)] for p, n in enumerate(counts)]
+    ordered = spread_samples(per_prompt, group)
+    assert sorted(ordered) == sorted(t for tasks in per_prompt for t in tasks)
+    for (p, k), (q, j) in zip(ordered, ordered[1:], strict=False):
+        if p // group == q // group:
+            assert (k, p) < (j, q)  # within a group: sample-major, prompts in order
