@@ -98,6 +98,11 @@ class RequestControl:
     def aborted(self) -> bool:
         return self.abort_finish is not None
 
+    @property
+    def decoded(self) -> int:
+        """Tokens decoded so far, as recorded (`record_decoded`, or an abort's count)."""
+        return self._recorded
+
     # -- the engine's side --------------------------------------------------------------------
 
     async def take_slot(self) -> bool:

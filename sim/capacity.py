@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+
 
 @dataclass(frozen=True)
 class CapacitySettings:
@@ -20,6 +22,8 @@ class CapacitySettings:
     knee: float = 64.0
     prefill_rate: float = 50_000.0
     max_running: int | None = None
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.prefix_cache)
+    page_size: int = DEFAULT_PAGE_SIZE  # the prefix cache's granularity, in tokens
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class CapacityStats:
     aborted_requests: int
     # Every token decoded, those of requests aborted or whose client left included (GPU time spent).
     tokens_generated: int
+    # At each prefill: the prompt's tokens, those found in the prefix cache, and the rest, which
+    # were prefilled (what the GPU spent on prompts).
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    prefill_tokens_computed: int
     uptime_s: float
 
 
@@ -65,8 +74,9 @@ class Capacity:
         """When the decode clock reaches `progress`, if `running` stays as it is."""
         return max(0.0, (progress - self.progress()) / self.decode_rate())
 
-    def prefill_seconds(self, prompt_tokens: int) -> float:
-        return prompt_tokens / self.settings.prefill_rate
+    def prefill_seconds(self, uncached_tokens: int) -> float:
+        """The prefill of a prompt's tokens not found in the prefix cache (only those are computed)."""
+        return uncached_tokens / self.settings.prefill_rate
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -104,6 +114,10 @@ class Capacity:
     def record_tokens(self, count: int) -> None:
         self._tokens_generated += count
 
+    def record_prefill(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._prompt_tokens += prompt_tokens
+        self._cached_tokens += cached_tokens
+
     def record_finished(self) -> None:
         self._requests_finished += 1
 
@@ -126,6 +140,9 @@ class Capacity:
             requests_disconnected=self._requests_disconnected,
             aborted_requests=self._aborted_requests,
             tokens_generated=self._tokens_generated,
+            prompt_tokens_total=self._prompt_tokens,
+            cached_tokens_total=self._cached_tokens,
+            prefill_tokens_computed=self._prompt_tokens - self._cached_tokens,
             uptime_s=now - self._started_at,
         )
 
@@ -136,6 +153,7 @@ class Capacity:
         self._requests_started = self._requests_finished = self._requests_disconnected = 0
         self._aborted_requests = 0
         self._tokens_generated = 0
+        self._prompt_tokens = self._cached_tokens = 0
 
     # -- internals ----------------------------------------------------------------------------
 

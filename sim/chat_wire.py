@@ -41,6 +41,9 @@ class ChatOptions:
     stream_reasoning: bool = True
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # --enable-cache-report: usage reports the cached prompt tokens (else prompt_tokens_details is
+    # null; sglang 0.5.23 `entrypoints/openai/usage_processor.py`).
+    cache_report: bool = False
 
 
 class _Span:
@@ -76,6 +79,7 @@ class ChatFrames:
             self._content = _Span([table[i] for i in ids[:text_end]], 0)
         self._output_len = len(ids)
         self._shown = 0
+        self.cached_tokens = 0  # set by the engine at the prefill (sim.prefix_cache)
         self._held = b""  # reasoning kept back until it closes, without stream_reasoning
         self._started = False
         self._head = (
@@ -168,7 +172,7 @@ class ChatFrames:
             "prompt_tokens": prompt,
             "total_tokens": prompt + generated,
             "completion_tokens": generated,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": self._prompt_tokens_details(),
             "reasoning_tokens": 0,
             "completion_tokens_details": None,
         }
@@ -209,6 +213,11 @@ class ChatFrames:
     def error_response(self) -> tuple[int, bytes]:
         return 500, openai_error_body(CUDA_ERROR, err_type=INTERNAL_ERROR_TYPE, code=500)
 
+    def _prompt_tokens_details(self) -> dict[str, int] | None:
+        """`PromptTokensDetails(cached_tokens=...)` with --enable-cache-report (its multimodal
+        fields dropped when None, `entrypoints/openai/protocol.py`), else None."""
+        return {"cached_tokens": self.cached_tokens} if self._options.cache_report else None
+
     def _usage(self, generated: int, count_bias: int = 0) -> dict[str, Any]:
         prompt = self._options.prompt_tokens
         reasoning = self.plan.reasoning_tokens_after(generated)
@@ -217,7 +226,7 @@ class ChatFrames:
             "prompt_tokens": prompt,
             "total_tokens": prompt + generated,
             "completion_tokens": generated,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": self._prompt_tokens_details(),
             "reasoning_tokens": reasoning,
             "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
         }

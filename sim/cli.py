@@ -15,14 +15,18 @@ from sim.cli_options import (
     DEFAULT_LOOP_PERIOD,
     DEFAULT_LOOP_START,
     DisconnectAbortS,
+    EnableCacheReport,
     LoopPeriod,
     LoopRate,
     LoopStart,
+    PageSize,
+    PrefixCacheTokens,
     token_range,
 )
 from sim.completion import LengthModel
 from sim.faults import ErrorFormat, FaultSettings
 from sim.loops import NO_LOOPS, LoopModel
+from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
 from sim.settings import DEFAULT_CONTEXT_LENGTH, DEFAULT_DISCONNECT_ABORT_S, SimSettings
 from sim.vocab import DEFAULT_TOKENIZER_DIR
@@ -72,6 +76,9 @@ def sim_settings(
         ),
     ] = 0.02,
     disconnect_abort_s: DisconnectAbortS = DEFAULT_DISCONNECT_ABORT_S,
+    prefix_cache_tokens: PrefixCacheTokens = DEFAULT_PREFIX_CACHE_TOKENS,
+    page_size: PageSize = DEFAULT_PAGE_SIZE,
+    enable_cache_report: EnableCacheReport = False,
     # -- output
     length_median: Annotated[
         float, typer.Option(min=1.0, help="Median completion length in words (lognormal).", rich_help_panel=_OUTPUT)
@@ -227,7 +234,8 @@ def sim_settings(
             port=port,
             host=host,
             tokenizer_dir=tokenizer,
-            capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate, max_running=max_running),
+            capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate, max_running=max_running,
+                                      prefix_cache_tokens=prefix_cache_tokens, page_size=page_size),
             lengths=LengthModel(
                 median=length_median,
                 mean=length_mean,
@@ -241,6 +249,7 @@ def sim_settings(
                 start=token_range(loop_start, "--loop-start", minimum=0),  # type: ignore[arg-type]
             ),
             disconnect_abort_s=disconnect_abort_s,
+            enable_cache_report=enable_cache_report,
             stream_interval=stream_interval,
             incremental=incremental,
             seed=seed,

@@ -1,5 +1,5 @@
-"""The simulator's options for loops and disconnects (declared here to keep `sim.cli` short), and
-the parsing of `LO:HI` ranges."""
+"""The simulator's options for loops, disconnects and the prefix cache (declared here to keep
+`sim.cli` short), and the parsing of `LO:HI` ranges."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from sim.loops import NO_LOOPS
+from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 from sim.settings import DEFAULT_DISCONNECT_ABORT_S
 
 OUTPUT_PANEL = "Output"
@@ -48,6 +49,36 @@ DisconnectAbortS = Annotated[
         f"(SGLang's create_abort_task sleeps {DEFAULT_DISCONNECT_ABORT_S:g} s). Non-streaming requests are "
         "aborted as SGLang notices: at their next 50-token output or 4-second poll.",
         rich_help_panel=CAPACITY_PANEL,
+    ),
+]
+
+PrefixCacheTokens = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Tokens of SGLang's radix prefix cache on this host (0: none). A request's cached prefix "
+        "(meta_info cached_tokens) is not prefilled again: prefill takes (prompt - cached) / --prefill-rate. "
+        "Prompts are cached after their prefill, prompt + output as requests end; least recently used "
+        f"leaves are evicted. Default {DEFAULT_PREFIX_CACHE_TOKENS:,} (a big GPU's KV pool).",
+        rich_help_panel=CAPACITY_PANEL,
+    ),
+]
+PageSize = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Tokens per page of the prefix cache, which caches and matches whole pages, like SGLang's "
+        f"--page-size (whose default is 1; {DEFAULT_PAGE_SIZE} keeps the sim's lookups cheap).",
+        rich_help_panel=CAPACITY_PANEL,
+    ),
+]
+EnableCacheReport = Annotated[
+    bool,
+    typer.Option(
+        "--enable-cache-report",
+        help="Report the cached prompt tokens in the chat API's usage (prompt_tokens_details), like SGLang's "
+        "--enable-cache-report (/generate's meta_info always has cached_tokens).",
+        rich_help_panel=OUTPUT_PANEL,
     ),
 ]
 

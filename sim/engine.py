@@ -1,8 +1,8 @@
-"""The simulated scheduler: one request's slot, prefill, paced decode, chunk cadence, fault and
-abort (sim.aborts)."""
+"""The simulated scheduler: one request's slot, prefill of what the prefix cache lacks
+(sim.prefix_cache), paced decode, chunk cadence, fault and abort (sim.aborts)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,6 +12,7 @@ from sim.chunking import DecodeSteps
 from sim.completion import CompletionPlan
 from sim.decode_clock import DecodeClock
 from sim.faults import Corruption, Fault, FaultKind
+from sim.prefix_cache import PrefixCache
 from sim.wire import DONE, abort_finish
 
 
@@ -29,6 +30,10 @@ class Responder(Protocol):
 
 class Frames(Protocol):
     """One API's bytes for a generation (`/generate`'s or the chat API's), at any token count."""
+
+    # The prompt's tokens found in the prefix cache, which every chunk reports: set by the engine
+    # when the request is scheduled, 0 until then (and for a request aborted while waiting).
+    cached_tokens: int
 
     def chunk(self, generated: int, *, finish: dict[str, Any] | None = None, count_bias: int = 0) -> bytes:
         """The stream's events after `generated` tokens (maybe none); `finish` marks the last;
@@ -75,6 +80,7 @@ class Generation:
     stream_interval: int
     fault: Fault | None
     steps: DecodeSteps = DecodeSteps()
+    prompt_ids: Sequence[int] = ()  # what the prefix cache is looked up and filled with
     corruption: Corruption | None = None
     # Called as the last bytes of the response go out (never for a stall that nothing aborts, nor
     # for a client that left before them).
@@ -94,9 +100,10 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, capacity: Capacity, *, tick: float) -> None:
+    def __init__(self, capacity: Capacity, *, tick: float, prefix_cache: PrefixCache | None = None) -> None:
         self.capacity = capacity
         self.tick = tick
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
 
     async def run(self, generation: Generation, out: Responder, control: RequestControl) -> None:
         """Serve one generation to its finish, its fault, or its abort (`control`, which frees the
@@ -104,9 +111,11 @@ class Engine:
         if generation.stream:
             # Headers go out before the slot, like SGLang: a queued stream is a silent 200.
             await out.open_stream()
+        prefilled = False
         if await control.take_slot():
             try:
-                await control.nap(self.capacity.prefill_seconds(generation.prompt_tokens))
+                await self._prefill(generation, control)
+                prefilled = True
                 if not control.aborted:
                     clock = DecodeClock(self.capacity, self.tick, control)
                     control.start_decoding(clock, generation.end)
@@ -115,7 +124,31 @@ class Engine:
             finally:
                 control.release_slot()
         if control.aborted:
+            if prefilled:  # one aborted while waiting computed nothing
+                self._cache_computed(generation, control.decoded)
             await _end_aborted(generation, out, control)
+
+    async def _prefill(self, generation: Generation, control: RequestControl) -> None:
+        """Prefill the prompt's tokens the prefix cache lacks, then cache the prompt, as SGLang
+        checkpoints it after the prefill (sim.prefix_cache). An abort cuts the nap short, but the
+        prompt is cached all the same: SGLang finishes the forward pass the request is in."""
+        cached = self.prefix_cache.match(generation.prompt_ids)
+        generation.frames.cached_tokens = cached
+        self.capacity.record_prefill(generation.prompt_tokens, cached)
+        await control.nap(self.capacity.prefill_seconds(generation.prompt_tokens - cached))
+        self.prefix_cache.insert(generation.prompt_ids)
+
+    def _cache_computed(self, generation: Generation, decoded: int) -> None:
+        """Cache what a request that ends after `decoded` tokens computed KV for: its prompt and
+        every output id but the last, sampled but never fed back (sim.prefix_cache). Before its
+        last bytes go out, as SGLang's scheduler caches before the output reaches the client: a
+        client that continues the completion at once finds it."""
+        if self.prefix_cache.enabled:
+            self.prefix_cache.insert([*generation.prompt_ids, *generation.plan.output_ids[: max(decoded - 1, 0)]])
+
+    def _end(self, generation: Generation, control: RequestControl, served: Served) -> None:
+        self._cache_computed(generation, control.decoded)
+        control.end(served)
 
     async def _stream(
         self, generation: Generation, clock: DecodeClock, out: Responder, control: RequestControl
@@ -168,7 +201,7 @@ class Engine:
                 await control.nap(None)
             return
         last, served = _last_chunk(generation, sent=sent, dropped=dropped is not None)
-        control.end(served)
+        self._end(generation, control, served)
         await out.close_stream(b"".join(batch) + last + DONE)
         self.capacity.record_finished()
 
@@ -206,7 +239,7 @@ class Engine:
             bias = corruption.count_bias if corruption else 0
             response = (200, generation.frames.body(count_bias=bias))
             served = Served(generation.end, generation.plan.finish_reason, faults)
-        control.end(served)
+        self._end(generation, control, served)
         await out.respond(*response)
         self.capacity.record_finished()
 

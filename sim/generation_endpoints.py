@@ -23,6 +23,7 @@ from sim.continuation import Cut, CutCompletions
 from sim.engine import Engine, Frames, Generation, Served
 from sim.faults import FaultInjector, FaultKind
 from sim.generation_response import GenerationResponse, read_body
+from sim.prefix_cache import PrefixCache
 from sim.reasoning_formats import ReasoningFormat
 from sim.request import BadRequest, GenerateRequest, InvalidRequest, SchemaError, parse_generate_request
 from sim.settings import SimSettings
@@ -57,6 +58,7 @@ class GenerationEndpoints:
         reasoning_format: ReasoningFormat,
         capacity: Capacity,
         log: CompletionLog | None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.settings = settings
         self.vocab = vocab
@@ -64,7 +66,7 @@ class GenerationEndpoints:
         self.encoder = ChunkEncoder(vocab)
         self.chat_template = ChatTemplate(settings.tokenizer_dir)
         self.capacity = capacity
-        self.engine = Engine(capacity, tick=settings.tick)
+        self.engine = Engine(capacity, tick=settings.tick, prefix_cache=prefix_cache)
         self.faults = FaultInjector(settings.faults)
         self.log = log
         self.in_flight = InFlight()
@@ -164,6 +166,7 @@ class GenerationEndpoints:
             stream_reasoning=request.stream_reasoning,
             include_usage=request.include_usage,
             continuous_usage_stats=request.continuous_usage_stats,
+            cache_report=settings.enable_cache_report,
         )
         table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
         frames = ChatFrames(plan, table=table, options=options)
@@ -212,6 +215,7 @@ class GenerationEndpoints:
             stream_interval=interval,
             fault=self.faults.draw(),  # one draw per admitted request, in arrival order
             steps=self.settings.steps,
+            prompt_ids=prompt_ids,
             corruption=self.faults.draw_corruption(),  # also one per admitted request
             on_served=on_served,
             on_cut=self._cut_recorder(plan, prompt_ids, log_head["rid"], continues),

@@ -3,6 +3,7 @@ the model list, /flush_cache and the root, plus the sim's own /sim/stats. They g
 Starlette's routing; the generation routes and /abort_request do not (see `sim.server`)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -13,6 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sim.capacity import Capacity
+from sim.prefix_cache import PrefixCache
 from sim.settings import SimSettings
 
 
@@ -26,10 +28,13 @@ class InfoEndpoints:
         reasoning_parser: str,
         capacity: Capacity,
         is_shutting_down: Callable[[], bool],
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.settings = settings
         self.reasoning_parser = reasoning_parser
         self.capacity = capacity
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
+        self._flush_pending = False
         self.is_shutting_down = is_shutting_down
         self._created = int(time.time())
 
@@ -89,6 +94,9 @@ class InfoEndpoints:
                 "incremental_streaming_output": settings.incremental,
                 "reasoning_parser": self.reasoning_parser,
                 "random_seed": settings.seed,
+                "page_size": settings.capacity.page_size,
+                "disable_radix_cache": not settings.capacity.prefix_cache_tokens,
+                "enable_cache_report": settings.enable_cache_report,
                 "sim": {
                     "capacity": asdict(settings.capacity),
                     "lengths": asdict(settings.lengths),
@@ -117,17 +125,58 @@ class InfoEndpoints:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def flush_cache(self, request: Request) -> Response:
+        """Empty the prefix cache, only while no request runs or waits; `?timeout=S` waits up to S
+        seconds for that (sglang 0.5.23 `entrypoints/http_server.py` `flush_cache`,
+        `managers/scheduler_components/flush_wrapper.py`, `Scheduler.flush_cache`)."""
+        text = request.query_params.get("timeout", "0")
+        try:
+            timeout = float(text)
+        except ValueError:
+            timeout = -1.0
+        if not timeout >= 0:  # FastAPI's Query(0.0, ge=0.0); SGLang answers its validation errors 400
+            message = f"timeout: {text!r} is not a number >= 0"
+            return JSONResponse({"object": "error", "message": message, "type": "Bad Request", "param": None,
+                                 "code": 400}, 400)
+        if self._flush_pending:
+            return PlainTextResponse("Another flush_cache is already in progress.", 400)
+        message = "Flush cache failed.\n"
+        if timeout > 0 and not self._idle():
+            self._flush_pending = True
+            try:
+                message = await self._wait_idle(timeout)
+            finally:
+                self._flush_pending = False
+        if not self._idle():
+            return PlainTextResponse(message, 400)
+        self.prefix_cache.clear()
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
             "waiting requests, the operation will not be performed.)\n"
         )
 
+    def _idle(self) -> bool:
+        return self.capacity.running == 0 and self.capacity.waiting == 0
+
+    async def _wait_idle(self, timeout: float) -> str:
+        """Poll until idle, as the scheduler checks a deferred flush each loop; the failure message."""
+        deadline = time.monotonic() + timeout
+        while not self._idle() and time.monotonic() < deadline:
+            await asyncio.sleep(min(self.settings.tick, max(deadline - time.monotonic(), 0.0)))
+        return "Timed out waiting for idle state."
+
     async def root(self, request: Request) -> Response:
         return PlainTextResponse("SGLang is running")
 
     async def stats(self, request: Request) -> Response:
-        return JSONResponse(asdict(self.capacity.stats()))
+        return JSONResponse(self._stats())
 
     async def reset_stats(self, request: Request) -> Response:
         self.capacity.reset_stats()
-        return JSONResponse(asdict(self.capacity.stats()))
+        return JSONResponse(self._stats())
+
+    def _stats(self) -> dict[str, object]:
+        """The capacity's counters since the last reset, and what the prefix cache holds now (and
+        has evicted since the start: neither is reset)."""
+        cache = self.prefix_cache
+        return {**asdict(self.capacity.stats()), "prefix_cache_tokens": cache.tokens,
+                "prefix_cache_evicted_tokens": cache.evicted_tokens}

@@ -10,6 +10,7 @@ from sim.capacity import Capacity
 from sim.completion_log import CompletionLog
 from sim.generation_endpoints import GenerationEndpoints
 from sim.info_endpoints import InfoEndpoints
+from sim.prefix_cache import PrefixCache
 from sim.reasoning_formats import reasoning_format
 from sim.settings import SimSettings
 from sim.vocab import SimVocab
@@ -28,15 +29,18 @@ class SimServer:
         self.reasoning_format = reasoning_format(settings.reasoning_format)
         self.reasoning_format.check(self.vocab)  # fail at start, not on the first request
         self.capacity = Capacity(settings.capacity)
+        self.prefix_cache = PrefixCache(settings.capacity.prefix_cache_tokens, settings.capacity.page_size)
         self.log = CompletionLog(settings.log_completions) if settings.log_completions else None
         self.shutting_down = False  # set by the runner on SIGTERM; /health answers 503 from then on
         self.generation = GenerationEndpoints(
-            settings, vocab=self.vocab, reasoning_format=self.reasoning_format, capacity=self.capacity, log=self.log
+            settings, vocab=self.vocab, reasoning_format=self.reasoning_format, capacity=self.capacity, log=self.log,
+            prefix_cache=self.prefix_cache,
         )
         self.info = InfoEndpoints(
             settings,
             reasoning_parser=self.reasoning_format.name,
             capacity=self.capacity,
+            prefix_cache=self.prefix_cache,
             is_shutting_down=lambda: self.shutting_down,
         )
         self._routes = self.info.app()

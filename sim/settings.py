@@ -42,6 +42,7 @@ class SimSettings:
     log_completions: Path | None = None  # a JSON line per served request (sim.completion_log)
     loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.loops)
     disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.aborts)
+    enable_cache_report: bool = False  # SGLang's --enable-cache-report: chat usage's prompt_tokens_details
 
     @property
     def url(self) -> str:
@@ -112,16 +113,19 @@ class SimSettings:
     def describe(self) -> str:
         capacity, lengths = self.capacity, self.lengths
         running = f", max running {capacity.max_running}" if capacity.max_running is not None else ""
+        cache = (f"prefix cache {capacity.prefix_cache_tokens} tokens in pages of {capacity.page_size}"
+                 if capacity.prefix_cache_tokens else "no prefix cache")
         length = (
             f"length {lengths.tokens[0]}..{lengths.tokens[1]} tokens" if lengths.tokens is not None
             else f"length median {lengths.median:g} mean {lengths.mean:g} x{lengths.scale:g}"
         )
         return (
-            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, {length}, "
+            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, {cache}, {length}, "
             f"{'incremental' if self.incremental else 'cumulative'} stream every {self.stream_interval}, "
             f"{self.steps.describe()}, reasoning {self.reasoning_format}, seed {self.seed}, "
             f"context {self.context_length}, {self.loops.describe()}, "
             f"disconnect abort after {self.disconnect_abort_s:g}s, faults: {self.faults.describe()}"
             + ("" if self.server_info else ", no /server_info")
+            + (", cache report" if self.enable_cache_report else "")
             + (f", logging completions to {self.log_completions}" if self.log_completions else "")
         )

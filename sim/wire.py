@@ -96,6 +96,7 @@ class CompletionFrames:
         self._incremental = incremental
         self._output_len = len(plan.output_ids)
         self._shown = 0  # output ids already sent, for delta chunks
+        self.cached_tokens = 0  # set by the engine at the prefill (sim.prefix_cache)
         self._started_streaming = False  # the first chunk carries response_sent_to_client_ts
         self._started = time.monotonic()
         self._meta_head = b'],"meta_info":{"id":' + dumps(rid) + b',"finish_reason":'
@@ -146,8 +147,9 @@ class CompletionFrames:
             self._meta_head,
             b"null" if finish is None else dumps(finish),
             self._meta_body,
-            b',"reasoning_tokens":%d,"completion_tokens":%d,"cached_tokens":0'
-            % (self.plan.reasoning_tokens_after(generated), generated + count_bias),
+            b',"reasoning_tokens":%d,"completion_tokens":%d,"cached_tokens":%d'
+            % (self.plan.reasoning_tokens_after(generated), generated + count_bias, self.cached_tokens),
+            _cached_tokens_details(self.cached_tokens),
         ]
         if finish is not None:
             parts.append(b',"e2e_latency":' + repr(time.monotonic() - self._started).encode())
@@ -155,6 +157,15 @@ class CompletionFrames:
             parts.append(b',"response_sent_to_client_ts":' + repr(time.time()).encode())
         parts.append(tail)
         return b"".join(parts)
+
+
+def _cached_tokens_details(cached: int) -> bytes:
+    """meta_info's cache breakdown: null without a hit, else all of it on the GPU (sglang 0.5.23
+    `output_streamer.py` `get_cached_tokens_details`, copied in by `tokenizer_manager.py`
+    `_handle_batch_output`)."""
+    if not cached:
+        return b',"cached_tokens_details":null'
+    return b',"cached_tokens_details":{"device":%d,"host":0}' % cached
 
 
 def unescape(escaped: bytes | memoryview) -> str:
