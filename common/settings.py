@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.queues import IN_FLIGHT_PER_HOST
@@ -87,9 +87,9 @@ class Settings(BaseSettings):
     # The loop guard's thresholds, in tokens (workers/loop_guard.py; unset: its defaults, justified
     # there). A repetition is a loop when a unit of at most `loop_max_period` tokens repeats at
     # least `loop_min_repeats` times in a row over at least `loop_min_span` tokens.
-    loop_max_period: int | None = None
-    loop_min_repeats: int | None = None
-    loop_min_span: int | None = None
+    loop_max_period: Annotated[int, Field(ge=1)] | None = None
+    loop_min_repeats: Annotated[int, Field(ge=2)] | None = None
+    loop_min_span: Annotated[int, Field(ge=1)] | None = None
 
     long_threshold_tokens: int = 16384
     max_new_tokens_short: int = 10240

@@ -23,6 +23,12 @@ from producer.run_config import DatasetConfig, RunConfig
 from producer.samples import sample_payload, sample_slots, spread_samples
 from producer.templating import PromptTemplater
 
+# SGLang refuses a request whose input + max_new_tokens + reserved tokens exceed the context
+# (0.5.23 `tokenizer_manager.py::_validate_one_request`); with EAGLE speculative decoding it reserves
+# `speculative_eagle_topk * speculative_num_steps` or the draft token count (`managers/utils.py::
+# compute_num_reserved_tokens`), tens of tokens. A continued completion stops this far short.
+CONTINUATION_MARGIN = 64
+
 
 class Destination(Protocol):
     """Where encoded tasks go: Redis (`TaskPublisher`) or nowhere (`DryRunDestination`)."""
@@ -158,9 +164,12 @@ class _BatchPass:
             source = candidate.source
             rejections.append(RowRejection(source.row, source.file, source.line, too_long))
             return []
-        total = dataset.max_new_tokens_total
+        # A row's own cap (OpenAI Batch max_tokens) is the whole budget: never continued past it.
+        total = dataset.max_new_tokens_total if row_cap is None else max_new_tokens
         if self.context_length is not None:
-            total = min(total, self.context_length - prompt_tokens)
+            # Every part's prompt + max_new_tokens adds up to prompt + total: keep it inside the
+            # context with room for the tokens a speculative server reserves (see CONTINUATION_MARGIN).
+            total = min(total, self.context_length - prompt_tokens - CONTINUATION_MARGIN)
             if self.config.context_rule == "clip":
                 max_new_tokens = min(max_new_tokens, self.context_length - prompt_tokens)
         base = TaskPayload(

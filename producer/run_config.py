@@ -208,7 +208,7 @@ def _generation_problem(dataset: DatasetConfig) -> str | None:
     if dataset.samples > 1 and dataset.sampling.get("temperature") == 0:
         return (f"--samples {dataset.samples} with temperature 0 would generate the same completion "
                 f"{dataset.samples} times: raise --temperature or drop --samples")
-    if dataset.max_new_tokens_total < max(dataset.max_new_tokens.values()):
+    if dataset.on_truncated != "keep" and dataset.max_new_tokens_total < max(dataset.max_new_tokens.values()):
         return (f"--max-new-tokens-total {dataset.max_new_tokens_total} is below the dataset's "
                 f"max_new_tokens {max(dataset.max_new_tokens.values())}")
     return None
@@ -227,7 +227,7 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
     loop_guard = _first(cli.loop_guard, entry.loop_guard, top.loop_guard, "abort")
     on_truncated = _first(cli.on_truncated, entry.on_truncated, top.on_truncated, "keep")
     total = _first(cli.max_new_tokens_total, entry.max_new_tokens_total, top.max_new_tokens_total,
-                   max_new_tokens["long"])
+                   max(max_new_tokens.values()))
     return DatasetConfig(
         name=name,
         source=str(spec.path) if spec is not None else entry.path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import replace
 
 from common.records import TaskPayload, Turn, Usage
@@ -80,7 +81,18 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             pool.report(upstream, ok=not error.blames_upstream)
             raise
         pool.report(upstream, ok=True)
-        return joined(prior, generation), upstream
+        return joined(prior, generation, decode=exact_decoder(runtime)), upstream
+
+
+def exact_decoder(runtime: WorkerRuntime) -> Callable[[list[int]], str] | None:
+    """With the model's tokenizer on the worker, a continued completion's text is decoded from its
+    joined ids: each part's server text is decoded on its own, so a character whose bytes a cut
+    split would be lost (a replacement character at the end of one part, the rest of its bytes
+    dropped at the start of the next)."""
+    tokenizer, skip = runtime.tokenizer, runtime.settings.skip_special_tokens
+    if tokenizer is None:
+        return None
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip)
 
 
 def affinity_key(payload: TaskPayload) -> bytes:
@@ -119,8 +131,12 @@ class BudgetSpent(Exception):
 
 
 def budget_spent(payload: TaskPayload, runtime: WorkerRuntime) -> bool:
+    """Whether the dataset's budget is used up. A continued completion is finished whatever the
+    budget says: its earlier parts are already paid for, and skipping it would throw them away."""
     budget = payload.max_tokens_per_dataset
-    return budget is not None and runtime.run_state(payload.run).completion_tokens(payload.dataset) >= budget
+    if budget is None or payload.continuation is not None:
+        return False
+    return runtime.run_state(payload.run).completion_tokens(payload.dataset) >= budget
 
 
 def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict]) -> list[int] | None:

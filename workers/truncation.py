@@ -15,6 +15,7 @@ A completion the loop guard stopped or flagged is never continued: more of a loo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -53,12 +54,22 @@ def prompt_with_prefix(input_ids: list[int] | None, prior: Continuation | None) 
     return input_ids + prior.output_ids
 
 
-def joined(prior: Continuation | None, generation: Generation) -> Generation:
-    """The whole completion so far: the earlier parts, then this one."""
+def joined(prior: Continuation | None, generation: Generation,
+           decode: Callable[[list[int]], str] | None = None) -> Generation:
+    """The whole completion so far: the earlier parts, then this one. `decode` (the model's
+    tokenizer) makes the text the decoding of the joined ids, as one request would have sent it
+    (SGLang leaves a matched stop token out of the text); without it the parts' texts are joined,
+    exact unless a cut split a multi-byte character."""
     if prior is None:
         return generation
+    ids = prior.output_ids + (generation.output_ids or [])
+    text = prior.text + generation.text
+    if decode is not None:
+        matched = generation.finish_reason.get("matched")
+        stop_id = isinstance(matched, int) and not isinstance(matched, bool)
+        text = decode(ids[:-1] if stop_id and ids else ids)
     return replace(
-        generation, text=prior.text + generation.text, output_ids=prior.output_ids + (generation.output_ids or []),
+        generation, text=text, output_ids=ids,
         completion_tokens=prior.completion_tokens + generation.completion_tokens,
         reasoning_tokens=prior.reasoning_tokens + generation.reasoning_tokens,
         cached_tokens=prior.cached_tokens + generation.cached_tokens,

@@ -94,7 +94,8 @@ def options(**changes) -> CliOptions:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"samples": 4, "sampling": {"temperature": 0}}, "temperature 0"),
-    ({"max_new_tokens_total": 10, "max_new_tokens": 100}, "below the dataset's max_new_tokens"),
+    ({"max_new_tokens_total": 10, "max_new_tokens": 100, "on_truncated": "continue"},
+     "below the dataset's max_new_tokens"),
     ({"on_truncated": "continue", "regenerate": "all"}, "--regenerate all"),
     ({"loop_guard": "stop"}, "--loop-guard must be one of"),
     ({"on_truncated": "extend"}, "--on-truncated must be one of"),
@@ -123,3 +124,30 @@ def test_samples_are_spread_sample_major_within_groups_and_none_is_lost(counts, 
     for (p, k), (q, j) in zip(ordered, ordered[1:], strict=False):
         if p // group == q // group:
             assert (k, p) < (j, q)  # within a group: sample-major, prompts in order
+
+
+def test_a_short_cap_above_the_long_one_still_works_when_nothing_is_continued():
+    """A regression the review found: the total's check refused `--max-new-tokens-short 20000`."""
+    dataset = resolve(options(max_new_tokens_short=20000), None, Settings()).datasets[0]
+    assert dataset.max_new_tokens_total == 20000
+
+
+def test_joined_text_is_the_decoding_of_the_joined_ids_when_the_tokenizer_is_at_hand():
+    """A cut inside a multi-byte character: each part's server text misses part of it, the
+    decoding of all the ids does not (the review's case: SGLang decodes each request on its own)."""
+    pieces = {1: b"\xe4", 2: b"\xb8\xad", 3: b"!"}  # "中" split over ids 1 and 2
+
+    def decode(ids: list[int]) -> str:
+        return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+    first = follow_up(payload(), generation([1], text=decode([1])), api="generate", started_at=0.0)
+    tail = generation([2, 3], finish="stop", text="\ufffd!")  # what a server decoding part 2 alone sends
+    assert joined(Continuation.of(first), tail).text == "\ufffd\ufffd!"
+    assert joined(Continuation.of(first), tail, decode=decode).text == "中!"
+
+
+def test_loop_thresholds_out_of_range_are_refused_at_start():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="loop_min_repeats"):
+        Settings(loop_min_repeats=1)

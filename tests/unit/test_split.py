@@ -86,3 +86,16 @@ def test_with_special_tokens_skipped_a_matched_stop_string_is_cut_where_the_serv
     split = CompletionSplitter("kimi_k2", tokenizer, skip_special_tokens=True).split(
         generation(server_text, ids, {"type": "stop", "matched": " STOP"}), None)
     assert (split.reasoning, split.content) == (REASONING, CONTENT)
+
+
+def test_a_stream_the_loop_guard_cut_may_lag_its_ids_and_is_written_as_the_ids_decode(tokenizer):
+    """SGLang holds back the text of an incomplete character until a later chunk: a stream cut by
+    the loop guard can end with ids whose text has not arrived yet (the review's CJK case)."""
+    full = f"{TEXT} 中文"
+    ids = tokenizer.encode(full, add_special_tokens=False)
+    lagging = tokenizer.decode(ids[:-1], skip_special_tokens=False).rstrip("\ufffd")
+    cut = generation(lagging, ids, {"type": "loop"})
+    split = CompletionSplitter("kimi_k2", tokenizer).split(cut, None)
+    assert (split.reasoning, split.content) == (REASONING, f"{CONTENT} 中文")
+    with pytest.raises(IntegrityError):  # a finished stream gets no such leeway
+        CompletionSplitter("kimi_k2", tokenizer).split(generation(lagging, ids), None)

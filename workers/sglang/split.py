@@ -53,9 +53,14 @@ class CompletionSplitter:
         ids, text = generation.output_ids or [], generation.text
         matched = generation.finish_reason.get("matched")
         surfaces = [ids[:-1], ids] if isinstance(matched, int) and not isinstance(matched, bool) else [ids]
+        # A stream the loop guard cut ended on a chunk whose text may lag its ids (SGLang holds back
+        # an incomplete character until a later chunk): the ids' decoding extends the text then.
+        cut = generation.finish_reason.get("type") == "loop"
         for surface in surfaces:
             shown = self.tokenizer.decode(surface, skip_special_tokens=self.skip_special_tokens)
-            if shown == text or (isinstance(matched, str) and shown.startswith(text)):
+            if shown == text or ((isinstance(matched, str) or cut) and shown.startswith(text)):
+                if cut and not self.skip_special_tokens:
+                    return shown
                 return text if not self.skip_special_tokens else self._kept(surface, matched)
         raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
                              f"({len(text)} characters; {_first_difference(shown, text)})")
