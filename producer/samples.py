@@ -23,7 +23,7 @@ T = TypeVar("T")
 # Prompts whose samples are interleaved in the queue: sample k of a prompt follows sample k-1 by
 # this many tasks, long enough for the first one's prefill to be cached on its host before the next
 # arrives, short enough that the cache still holds it.
-SPREAD_GROUP = 64
+SPREAD_GROUP = 256
 
 
 def sample_slots(row: int, samples: int) -> list[int]:
