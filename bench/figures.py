@@ -191,3 +191,43 @@ def useful_token_figures(runs: list[dict], guard: dict | None) -> list[Figure]:
                               detail=f"median {late['median']:,.0f}; bound {late['bound']}",
                               target="≤ 600", meets=lambda v: v <= 600))
     return figures
+
+
+def control_figures(control: dict) -> list[Figure]:
+    """The control plane's cost per completion and its ceilings (bench/control_plane.py, run once)."""
+    m = control["model"]
+    big, fit, plan = m["runs"][-1], m["queue_fit"], m["plan"]
+    top = ", ".join(f"{name} {us:.0f} µs" for name, us in list(big["usec"].items())[:4])
+    flower = m["ceilings"].get("flower_tasks_per_s")
+    redis_cores = ", ".join(f"{part.replace('_', ' ')} {cores:.2f}" for part, cores in plan["redis_cores"].items())
+    figures = [
+        Figure("Completions/s one Redis core sustains (1 ÷ Redis CPU per completion, enqueue to ack, idle "
+               "rate taken out)", [m["ceilings"]["redis_completions_per_core"]], lambda v: f"{v:,.0f}/s",
+               detail=f"{big['redis_cpu_us_marginal']:.0f} µs and {big['commands_marginal']:.1f} commands per "
+                      f"completion ({m['enqueue_commands']:.1f} at enqueue); inside commands: {top}; 1 run",
+               target="≥ 2,000/s", meets=lambda v: v >= 2000,
+               note=lambda: f"Redis CPU per completion is {big['redis_cpu_us_marginal']:.0f} µs; the commands "
+                            f"that take it: {top}. See docs/scaling.md."),
+        Figure("Redis memory retained per finished prompt, beyond a fixed amount per run (used_memory after "
+               f"the drain, {m['runs'][0]['prompts']:,} vs {big['prompts']:,} prompts)", [m["retained"]["slope"]],
+               lambda v: f"{v:.2f} B", detail=f"the run's keys alone: {m['retained_keys']['slope']:.2f} B per "
+               f"prompt beyond {m['retained_keys']['fixed']:,.0f} B; slowlog and per-command latency histograms "
+               f"(bounded, not per prompt) freed first: with them {m['retained_with_fixed']['slope']:.1f} B",
+               target="≤ 1 B", meets=lambda v: v <= 1.0,
+               note=lambda: "the keys each run leaves, by pattern, are in the raw JSON (`keys_after`)"),
+        Figure("Redis memory per queued prompt (used_memory, no worker)", [fit["a"]],
+               lambda v: f"{v:,.0f} B + {fit['b']:.1f} B/token",
+               detail=f"the message on the wire: {fit['wire_a']:,.0f} B + {fit['wire_b']:.1f} B/token"),
+        Figure("Worker CPU per task, control plane (20-60-token completions)",
+               [big["cpu_ms_marginal"]["worker"]], lambda v: f"{v:.2f} ms",
+               detail=f"{m['ceilings']['worker_tasks_per_core']:,.0f} tasks/s per core"),
+        Figure("Redis cores for 10M prompts on 100 hosts in a day", [plan["redis_cores_total"]],
+               lambda v: f"{v:.2f}", detail=f"{plan['completions_per_s']:.0f} completions/s: {redis_cores}"),
+    ]
+    if flower:
+        figures.insert(3, Figure(
+            "Tasks/s one Flower process keeps up with (1 ÷ its CPU per task)", [flower], lambda v: f"{v:,.0f}/s",
+            detail=f"{big['cpu_ms_marginal']['flower']:.2f} ms per task; {big['task_events']:.1f} events per "
+                   f"task in {big['event_publishes']:.2f} PUBLISHes; the target fleet sends "
+                   f"{plan['flower']['events_per_s']:,.0f} events/s"))
+    return figures

@@ -8,6 +8,7 @@ import os
 from bench.figures import (
     MB,
     Figure,
+    control_figures,
     enqueue_figures,
     export_figures,
     format_percent,
@@ -41,7 +42,7 @@ def _heading(results: Results) -> list[str]:
         f"- **Date**: {m.date}; **commit** {m.commit}",
         f"- **Command**: `bench/run.py --repeats {results.repeats}"
         + (" --quick" if results.quick else "")
-        + (f" --only {','.join(results.only)}" if len(results.only) < 5 else "")
+        + (f" --only {','.join(results.only)}" if len(results.only) < 6 else "")
         + f"` ({results.elapsed_s / 60:.1f} min); 1-minute load average {m.load_start[0]:.2f}{load_end} "
         "(anything above ~0.5 at the start means other work shared the CPUs: the figures are noisier)",
         "",
@@ -50,7 +51,8 @@ def _heading(results: Results) -> list[str]:
 
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
-    3 enqueue, 4 scaling, 5 export, 6 useful tokens) so a number means the same figure in every report."""
+    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane) so a number means the same figure in
+    every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
         speed, cost = throughput_figures(results.throughput)
@@ -63,6 +65,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("5", export_figures(results.export)))
     if results.useful:
         sections.append(("6", useful_token_figures(results.useful, results.loop_guard)))
+    if results.control:
+        sections.append(("7", control_figures(results.control)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -82,6 +86,8 @@ def _table(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]:
     if "export" in results.only and not results.export:
         not_measured.append(("5", "Export rate and peak memory, 1,000,000 small records",
                              results.export_error or "not run"))
+    if "control" in results.only and not results.control:
+        not_measured.append(("7", "Control plane cost", results.control_error or "not run"))
     for number, name, why in not_measured:
         lines.append(f"| {number} | {name} | not measured | {why} | | |")
     return lines + [""]
@@ -108,10 +114,11 @@ def _warnings(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]
 def _scaling_limits(results: Results) -> str:
     last = results.scaling[-1]
     cores = os.cpu_count() or 1
-    rows = ["| hosts | tok/s | per-host occupancy | cores: sims | workers | redis | machine busy |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| hosts | tok/s | per-host occupancy | whole job | cores: sims | workers | redis | machine busy |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in last.results:
-        rows.append(f"| {r.hosts} | {r.tokens_per_s:,.0f} | {r.occupancy:.1%} | {r.sim_cores:.2f} | "
+        rows.append(f"| {r.hosts} | {r.tokens_per_s:,.0f} | {r.occupancy:.1%} | {r.job_occupancy:.1%} | "
+                    f"{r.sim_cores:.2f} | "
                     f"{r.worker_cores:.2f} | {r.redis_cores:.2f} | {r.machine_busy_cores:.2f} of {cores} |")
     profile = results.scaling_profile
     one = next(r for r in last.results if r.hosts == 1)
@@ -172,7 +179,7 @@ def _methods(results: Results) -> list[str]:
         "- **Scaling (4.1, 4.2)**: N = 1, 2, 4 simulators (same capacity), one `genfleet worker --pool short "
         "--upstream` per simulator, one Redis and one producer for all; the simulators' generated tokens "
         "summed over a steady-state window (from 10% of completions until the queue runs dry or 90%, whichever "
-        "first), ÷ the window's seconds; then ÷ the 1-host figure. The run is stopped when the window closes.",
+        "first), ÷ the window's seconds; then ÷ the 1-host figure. The CPU figures stop when the window closes.",
         "- **Export (5.1, 5.2)**: `bench/export_memory.py` (run once): `genfleet export --format specforge` over "
         f"{export_records:,} small synthetic records, records ÷ the command's wall time, and its peak RSS (`wait4` "
         "ru_maxrss).",
@@ -184,6 +191,18 @@ def _methods(results: Results) -> list[str]:
         "useful output: the records that finished on their own, which must be the same, token for token, in both.",
         "- **Loop guard (6.3, 6.4)**: `bench/loop_guard.py`: CPU per token feeding random word-id streams to the "
         "detector; tokens from a planted loop's start to its finding, periods 5-40 at random offsets.",
+        "- **Whole-job occupancy** (the 'whole job' columns): the simulators' time-averaged running count from a "
+        "`/sim/stats/reset` at enqueue (the baseline's start) to the last completion; the steady-state window "
+        "restarts the counters at 10%, so their mean until then is read just before and weighed by its seconds "
+        "(`bench/steady_state.py` `JobWindow`). Scaling waits for the drain for this figure only.",
+        f"- **Control plane (7.x)**: `bench/control_plane.py` (once; docs/scaling.md): "
+        f"{results.control['workload'] if results.control else ''}. Per completion: INFO commandstats and INFO cpu "
+        "deltas from `genfleet enqueue` to the last prompt done and settled (nothing unacked, no lease), less the "
+        "rate of an idle window before (a warm worker and Flower doing nothing); the bench's own commands are "
+        "taken out. Memory left: used_memory once the worker and Flower are stopped, less a fresh Redis's, both "
+        "read after SLOWLOG RESET and CONFIG RESETSTAT (which frees Redis 7's per-command latency histograms); "
+        "queued: used_memory after `genfleet enqueue` with no worker, at two prompt sizes. Celery events: a "
+        "subscriber of `/0.celeryev/*`. Worker and Flower CPU: `/proc/<pid>/stat`.",
         "- Every process is started fresh per run, in its own session, and stopped at the end (Ctrl-C too). "
         "Medians are over the runs; each ratio is taken within one run, then the median of the ratios.",
     ]
@@ -193,16 +212,17 @@ def _runs(results: Results) -> list[str]:
     lines = []
     if results.throughput:
         lines += ["Throughput (genfleet | baseline):", "",
-                  "| run | order | tok/s | wall s | tokens | occupancy | client CPU s | µs/token | peak RSS MB | "
-                  "sim CPU s | machine busy (cores) |",
-                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| run | order | tok/s | wall s | tokens | occupancy | whole job | client CPU s | µs/token | "
+                  "peak RSS MB | sim CPU s | machine busy (cores) |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for i, c in enumerate(results.throughput, 1):
             order = "baseline first" if i % 2 == 0 else "genfleet first"
             g, b = c.genfleet, c.baseline
             lines.append(
                 f"| {i} | {order} | {g.tokens_per_s:,.0f} \\| {b.tokens_per_s:,.0f} | {g.wall_s:.1f} \\| "
                 f"{b.wall_s:.1f} | {g.completion_tokens:,} \\| {b.completion_tokens:,} | "
-                f"{format_percent(g.occupancy or 0)} \\| {format_percent(b.occupancy or 0)} | {g.client_cpu_s:.1f} \\| "
+                f"{format_percent(g.occupancy or 0)} \\| {format_percent(b.occupancy or 0)} | "
+                f"{format_percent(g.job_occupancy)} \\| {format_percent(b.job_occupancy)} | {g.client_cpu_s:.1f} \\| "
                 f"{b.client_cpu_s:.1f} | {g.cpu_us_per_token:.1f} \\| {b.cpu_us_per_token:.1f} | "
                 f"{g.client_peak_rss_bytes / MB:,.0f} \\| {b.client_peak_rss_bytes / MB:,.0f} | "
                 f"{g.sim_cpu_s:.1f} \\| {b.sim_cpu_s:.1f} | {g.machine_busy_cores:.2f} \\| "
@@ -230,6 +250,16 @@ def _runs(results: Results) -> list[str]:
                          f"{g['useful_tokens']:,} | {n['wall_s']:.1f} \\| {g['wall_s']:.1f} | {n['looped']} \\| "
                          f"{g['looped']} | {n['truncated']} \\| {g['truncated']} | {n['aborted_requests']} \\| "
                          f"{g['aborted_requests']} |")
+        lines.append("")
+    if results.control:
+        lines += ["Control plane (per completion, idle rate taken out):", "",
+                  "| prompts | completions/s | Redis commands | Redis CPU µs | worker CPU ms | Flower CPU ms | "
+                  "Celery events | run's keys left | whole-job occupancy |", "|---:" * 9 + "|"]
+        for r in results.control["model"]["runs"]:
+            cpu = r["cpu_ms_marginal"]
+            lines.append(f"| {r['prompts']:,} | {r['completions_per_s']:,.0f} | {r['commands_marginal']:.1f} | "
+                         f"{r['redis_cpu_us_marginal']:.0f} | {cpu['worker']:.2f} | {cpu.get('flower', 0):.2f} | "
+                         f"{r['task_events']:.1f} | {r['retained_key_bytes']:,} B | {r['job_occupancy']:.1%} |")
         lines.append("")
     if results.export:
         lines += ["Export (`bench/export_memory.py`, every variant):", "",

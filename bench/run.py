@@ -1,12 +1,12 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
-    .venv/bin/python bench/run.py [--repeats 2] [--quick] [--only throughput,scaling,enqueue,export]
+    .venv/bin/python bench/run.py [--repeats 2] [--quick] [--only throughput,scaling,enqueue,export,useful,control]
                                   [--out bench/results.md]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
-scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark runs once (it is a few minutes
-on its own). Every benchmark starts and stops its own redis-server, simulators and workers; Ctrl-C
-stops them all. `--quick` shrinks every size to check the harness, not to measure.
+scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark and the control plane's cost run
+once (each is a few minutes on its own). Every benchmark starts and stops its own redis-server,
+simulators and workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
 """
 from __future__ import annotations
 
@@ -19,11 +19,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import loop_guard, report, scaling, standalone, throughput, useful_tokens  # noqa: E402
+from bench import (  # noqa: E402
+    control_model,
+    control_plane,
+    loop_guard,
+    report,
+    scaling,
+    standalone,
+    throughput,
+    useful_tokens,
+)
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful")
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -53,6 +62,8 @@ def main() -> None:
                 _measure_useful_tokens(results, repeat)
         if "export" in only:
             _measure_export(results)
+        if "control" in only:
+            _measure_control(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -127,6 +138,19 @@ def _measure_useful_tokens(results: Results, repeat: int) -> None:
     if results.loop_guard is None:
         results.loop_guard = {"ns_per_token": loop_guard.measure(200_000 if results.quick else 2_000_000),
                               "overrun_tokens": loop_guard.overruns()}
+
+
+def _measure_control(results: Results) -> None:
+    workload = control_plane.QUICK if results.quick else control_plane.FULL
+    log(f"control plane (once): {workload.describe()}")
+    try:
+        raw = control_plane.measure(workload)
+    except (RuntimeError, TimeoutError) as error:  # a fleet part that did not start or finish
+        results.control_error = str(error).splitlines()[0]
+        log(f"  not measured: {error}")
+        return
+    results.control = {**raw, "model": control_model.summarise(raw)}
+    log(f"  {results.control['model']['ceilings']['redis_completions_per_core']:,.0f} completions/s per Redis core")
 
 
 def _measure_export(results: Results) -> None:

@@ -5,7 +5,8 @@ its own short worker (`--upstream` of that host), all fed by one producer throug
 
 Throughput is the simulators' generated tokens per second in the steady state: from the first
 10% of completions until the queue runs dry (or 90%, whichever comes first), while every host
-could be busy. The drain after that is the same for any host count and is not waited for.
+could be busy. The drain after that is the same for any host count: it counts only in the whole
+job's mean running count (from enqueue to the last completion), which is waited for.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from bench.proc_stats import MachineCpu, cpu_seconds
 from bench.processes import TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
-from bench.steady_state import SteadyStateWindow, Window
+from bench.steady_state import JobWindow, Window
 
 SLOTS = 150  # in flight per host
 POLL_S = 0.05
@@ -67,6 +68,7 @@ class HostsResult:
     worker_cores: float
     redis_cores: float
     machine_busy_cores: float
+    job_mean_running: float = 0.0  # summed over hosts, from enqueue to the last completion (the drain too)
 
     @property
     def own_cores(self) -> float:
@@ -80,9 +82,13 @@ class HostsResult:
     def occupancy(self) -> float:
         return self.window.occupancy(SLOTS * self.hosts)
 
+    @property
+    def job_occupancy(self) -> float:
+        return self.job_mean_running / (SLOTS * self.hosts)
+
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s, "occupancy": self.occupancy,
-                "own_cores": self.own_cores}
+                "job_occupancy": self.job_occupancy, "own_cores": self.own_cores}
 
 
 def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
@@ -99,7 +105,7 @@ def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
         workers = [procs.start_worker(f"worker{i}", env, [url]) for i, (_, url) in enumerate(sims)]
         procs.wait_ready(workers)
         prompts = write_prompts(procs.dir / "prompts.jsonl", total)
-        window = SteadyStateWindow([url for _, url in sims], total, closes_at=closes_at)
+        window = JobWindow([url for _, url in sims], total, closes_at=closes_at)
         window.reset()
         setup_s = time.monotonic() - setup_started
         started = time.monotonic()
@@ -121,13 +127,20 @@ def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
                 if time.monotonic() - started > RUN_TIMEOUT_S:
                     raise TimeoutError(f"{hosts} hosts: steady state not over after {RUN_TIMEOUT_S:.0f} s")
                 time.sleep(POLL_S)
+            busy = machine.busy_cores()
+            used = {name: (cpu - cpu_at_open[name]) / window.window.seconds
+                    for name, cpu in _cpu_by_group(groups).items()}
+            while window.finished() < total:  # the drain, for the whole job's mean running only
+                procs.check_alive(ignore=enqueue)
+                if time.monotonic() - started > RUN_TIMEOUT_S:
+                    raise TimeoutError(f"{hosts} hosts: not drained after {RUN_TIMEOUT_S:.0f} s")
+                time.sleep(POLL_S)
+            job_running = window.job_mean_running()
         finally:
             window.close()
-        busy = machine.busy_cores()
-        used = {name: (cpu - cpu_at_open[name]) / window.window.seconds
-                for name, cpu in _cpu_by_group(groups).items()}
         return HostsResult(hosts=hosts, window=window.window, setup_s=setup_s, sim_cores=used["sim"],
-                           worker_cores=used["worker"], redis_cores=used["redis"], machine_busy_cores=busy)
+                           worker_cores=used["worker"], redis_cores=used["redis"], machine_busy_cores=busy,
+                           job_mean_running=job_running)
 
 
 def _cpu_by_group(groups: dict[str, list[int]]) -> dict[str, float]:

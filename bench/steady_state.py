@@ -71,3 +71,30 @@ class SteadyStateWindow:
 
     def _stats(self) -> list[dict]:
         return [self.http.get(f"{url}/sim/stats").raise_for_status().json() for url in self.urls]
+
+
+class JobWindow(SteadyStateWindow):
+    """The steady-state window, plus the hosts' mean running count over the whole job: from the
+    first `reset()` (call it at enqueue) to `job_mean_running()` (call it at the last completion).
+    The hosts' counters restart when the window opens, so their mean so far is banked just before."""
+
+    _job_started: float | None = None
+    _since = 0.0  # when the hosts' counters last restarted
+    _area = 0.0  # running × seconds before that
+
+    def reset(self) -> None:
+        if self._job_started is not None:
+            self._area += sum(s["mean_running"] for s in self._stats()) * (time.monotonic() - self._since)
+        super().reset()
+        self._since = time.monotonic()
+        if self._job_started is None:
+            self._job_started = self._since
+
+    def finished(self) -> int:
+        """Requests finished since the job started, on every host."""
+        return self._finished_before + sum(s["requests_finished"] for s in self._stats())
+
+    def job_mean_running(self) -> float:
+        """Time-averaged running requests, summed over hosts, from the job's start until now."""
+        area = self._area + sum(s["mean_running"] for s in self._stats()) * (time.monotonic() - self._since)
+        return area / (time.monotonic() - self._job_started)

@@ -21,7 +21,7 @@ import redis
 from bench.proc_stats import MachineCpu, cpu_seconds, has_exited, peak_rss_bytes, wait_with_usage
 from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
-from bench.steady_state import SteadyStateWindow, Window
+from bench.steady_state import JobWindow, Window
 
 SLOTS = 150  # in flight per host (docs/ARCHITECTURE.md), for genfleet and the baseline's semaphore
 POLL_S = 0.05
@@ -77,6 +77,7 @@ class SideResult:
     sim_peak_running: int
     machine_busy_cores: float  # all CPUs during the run: ours and anyone else's
     other_cpu_s: float = 0.0  # genfleet only: producer + redis-server
+    job_mean_running: float = 0.0  # over the whole job: from enqueue (the script's start) to the last completion
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,13 +92,17 @@ class SideResult:
         return self.window.occupancy(SLOTS) if self.window else None
 
     @property
+    def job_occupancy(self) -> float:
+        return self.job_mean_running / SLOTS
+
+    @property
     def own_cores(self) -> float:
         """CPU cores the run's own processes (client, simulator, Redis, producer) kept busy."""
         return (self.client_cpu_s + self.sim_cpu_s + self.other_cpu_s) / self.wall_s
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s, "cpu_us_per_token": self.cpu_us_per_token,
-                "occupancy": self.occupancy, "own_cores": self.own_cores}
+                "occupancy": self.occupancy, "job_occupancy": self.job_occupancy, "own_cores": self.own_cores}
 
 
 def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) -> SideResult:
@@ -111,7 +116,7 @@ def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) ->
         worker = procs.start_worker("worker", env, [sim_url])
         procs.wait_ready([worker])
         client = redis.Redis.from_url(redis_url)
-        window = SteadyStateWindow([sim_url], profile.prompts)
+        window = JobWindow([sim_url], profile.prompts)
         window.reset()
         worker_cpu, sim_cpu, redis_cpu = cpu_seconds(worker.pid), cpu_seconds(sim.pid), cpu_seconds(redis_child.pid)
         if py_spy is not None:
@@ -142,6 +147,7 @@ def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) ->
             procs.check_alive(ignore=enqueue)
             time.sleep(POLL_S)
         wall = time.monotonic() - started
+        job_running = window.job_mean_running()
         busy = machine.busy_cores()
         worker_cpu = cpu_seconds(worker.pid) - worker_cpu
         sim_cpu = cpu_seconds(sim.pid) - sim_cpu
@@ -157,7 +163,7 @@ def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) ->
         return SideResult(wall_s=wall, prompts=progress["done"], completion_tokens=progress["completion_tokens"],
                           window=window.window, client_cpu_s=worker_cpu, client_peak_rss_bytes=peak_rss,
                           sim_cpu_s=sim_cpu, sim_peak_running=_peak(window), machine_busy_cores=busy,
-                          other_cpu_s=enqueue_exit.cpu_s + redis_cpu)
+                          other_cpu_s=enqueue_exit.cpu_s + redis_cpu, job_mean_running=job_running)
 
 
 def run_baseline(profile: Profile, prompts: Path) -> SideResult:
@@ -165,7 +171,7 @@ def run_baseline(profile: Profile, prompts: Path) -> SideResult:
     with Processes(prefix="genfleet-bench-baseline-") as procs:
         sim, sim_url = procs.start_sim("sim", profile.sim_flags())
         out = procs.dir / "baseline.jsonl"
-        window = SteadyStateWindow([sim_url], profile.prompts)
+        window = JobWindow([sim_url], profile.prompts)
         window.reset()
         sim_cpu = cpu_seconds(sim.pid)
         machine = MachineCpu()
@@ -183,6 +189,7 @@ def run_baseline(profile: Profile, prompts: Path) -> SideResult:
             time.sleep(POLL_S)
         exit_ = wait_with_usage(client.process)
         wall = time.monotonic() - started
+        job_running = window.job_mean_running()
         busy = machine.busy_cores()
         sim_cpu = cpu_seconds(sim.pid) - sim_cpu
         window.close()
@@ -193,10 +200,10 @@ def run_baseline(profile: Profile, prompts: Path) -> SideResult:
                           completion_tokens=sum(r["completion_tokens"] for r in records),
                           window=window.window, client_cpu_s=exit_.cpu_s,
                           client_peak_rss_bytes=exit_.max_rss_bytes, sim_cpu_s=sim_cpu,
-                          sim_peak_running=_peak(window), machine_busy_cores=busy)
+                          sim_peak_running=_peak(window), machine_busy_cores=busy, job_mean_running=job_running)
 
 
-def _peak(window: SteadyStateWindow) -> int:
+def _peak(window: JobWindow) -> int:
     return window.window.peak_running if window.window else 0
 
 
