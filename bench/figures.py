@@ -231,3 +231,20 @@ def control_figures(control: dict) -> list[Figure]:
                    f"task in {big['event_publishes']:.2f} PUBLISHes; the target fleet sends "
                    f"{plan['flower']['events_per_s']:,.0f} events/s"))
     return figures
+
+
+def affinity_figures(outcome: dict) -> list[Figure]:
+    """Prefix-affinity routing ÷ least-busy routing, per host count (bench/affinity.py)."""
+    figures = []
+    for hosts, ratio in outcome["ratios"].items():
+        by_mode = {r["mode"]: r for r in outcome["results"] if str(r["hosts"]) == str(hosts)}
+        a, b = by_mode["affinity"], by_mode["least-busy"]
+        figures.append(Figure(
+            f"Prefill tokens, affinity ÷ least-busy routing, {hosts} hosts", [ratio["prefill_tokens"]],
+            format_ratio, detail=f"{a['prefill_tokens']:,} vs {b['prefill_tokens']:,} of {a['prompt_tokens']:,} "
+                                 "prompt tokens; 1 run", target="≤ 0.50×", meets=lambda v: v <= 0.5))
+        figures.append(Figure(
+            f"Wall time, affinity ÷ least-busy routing, {hosts} hosts", [ratio["wall"]], format_ratio,
+            detail=f"{a['wall_s']:.1f} s vs {b['wall_s']:.1f} s; mean running {a['mean_running']:.0f} vs "
+                   f"{b['mean_running']:.0f}", target="≤ 0.90×", meets=lambda v: v <= 0.9))
+    return figures

@@ -8,6 +8,7 @@ import os
 from bench.figures import (
     MB,
     Figure,
+    affinity_figures,
     control_figures,
     enqueue_figures,
     export_figures,
@@ -42,7 +43,7 @@ def _heading(results: Results) -> list[str]:
         f"- **Date**: {m.date}; **commit** {m.commit}",
         f"- **Command**: `bench/run.py --repeats {results.repeats}"
         + (" --quick" if results.quick else "")
-        + (f" --only {','.join(results.only)}" if len(results.only) < 6 else "")
+        + (f" --only {','.join(results.only)}" if len(results.only) < 7 else "")
         + f"` ({results.elapsed_s / 60:.1f} min); 1-minute load average {m.load_start[0]:.2f}{load_end} "
         "(anything above ~0.5 at the start means other work shared the CPUs: the figures are noisier)",
         "",
@@ -51,7 +52,7 @@ def _heading(results: Results) -> list[str]:
 
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
-    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane) so a number means the same figure in
+    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing) so a number means the same figure in
     every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
@@ -67,6 +68,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("6", useful_token_figures(results.useful, results.loop_guard)))
     if results.control:
         sections.append(("7", control_figures(results.control)))
+    if results.affinity:
+        sections.append(("8", affinity_figures(results.affinity)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -203,6 +206,10 @@ def _methods(results: Results) -> list[str]:
         "read after SLOWLOG RESET and CONFIG RESETSTAT (which frees Redis 7's per-command latency histograms); "
         "queued: used_memory after `genfleet enqueue` with no worker, at two prompt sizes. Celery events: a "
         "subscriber of `/0.celeryev/*`. Worker and Flower CPU: `/proc/<pid>/stat`.",
+        "- **Routing (8)**: `bench/affinity.py`: " + (results.affinity["workload"] if results.affinity else "") + "; "
+        "per host count and routing mode (`GENFLEET_ROUTING`), fresh simulators with a prefix cache each and one "
+        "worker over all of them: the prompt tokens the hosts prefilled (`/sim/stats` `prefill_tokens_computed`) "
+        "and the wall time from the first enqueue to the last prompt done.",
         "- Every process is started fresh per run, in its own session, and stopped at the end (Ctrl-C too). "
         "Medians are over the runs; each ratio is taken within one run, then the median of the ratios.",
     ]

@@ -81,6 +81,7 @@ class Results:
     export_error: str | None = None
     useful: list[dict] = field(default_factory=list)  # bench/useful_tokens.py, one per run
     loop_guard: dict | None = None  # bench/loop_guard.py: CPU per token and overruns, once
+    affinity: dict | None = None  # bench/affinity.py: prefix-affinity vs least-busy routing, once
     control: dict | None = None  # bench/control_plane.py: raw figures and their model, once
     control_error: str | None = None
     elapsed_s: float = 0.0
@@ -89,4 +90,5 @@ class Results:
         return {"machine": asdict(self.machine), "quick": self.quick, "repeats": self.repeats,
                 "throughput": [c.to_dict() for c in self.throughput],
                 "scaling": [s.to_dict() for s in self.scaling], "enqueue": self.enqueue, "export": self.export,
-                "useful": self.useful, "loop_guard": self.loop_guard, "control": self.control}
+                "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
+                "control": self.control}

@@ -1,6 +1,7 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
-    .venv/bin/python bench/run.py [--repeats 2] [--quick] [--only throughput,scaling,enqueue,export,useful,control]
+    .venv/bin/python bench/run.py [--repeats 2] [--quick]
+                                  [--only throughput,scaling,enqueue,export,useful,control,affinity]
                                   [--out bench/results.md]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
@@ -20,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (  # noqa: E402
+    affinity,
     control_model,
     control_plane,
     loop_guard,
@@ -32,7 +34,7 @@ from bench import (  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control")
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -64,6 +66,8 @@ def main() -> None:
             _measure_export(results)
         if "control" in only:
             _measure_control(results)
+        if "affinity" in only:
+            _measure_affinity(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -138,6 +142,15 @@ def _measure_useful_tokens(results: Results, repeat: int) -> None:
     if results.loop_guard is None:
         results.loop_guard = {"ns_per_token": loop_guard.measure(200_000 if results.quick else 2_000_000),
                               "overrun_tokens": loop_guard.overruns()}
+
+
+def _measure_affinity(results: Results) -> None:
+    workload = affinity.QUICK if results.quick else affinity.FULL
+    log(f"routing (once): {workload.describe()}")
+    with tempfile.TemporaryDirectory(prefix="genfleet-bench-affinity-") as tmp:
+        results.affinity = affinity.compare(workload, Path(tmp))
+    log("  " + ", ".join(f"{hosts} hosts: prefill {r['prefill_tokens']:.2f}x, wall {r['wall']:.2f}x"
+                         for hosts, r in results.affinity["ratios"].items()))
 
 
 def _measure_control(results: Results) -> None:
