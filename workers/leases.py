@@ -205,6 +205,11 @@ class Reaper:
 
         def transaction(pipe: redis.client.Pipeline) -> None:
             nonlocal restored
+            # Read again under WATCH: the lease may have been renewed since the pass read it (a
+            # worker back from a Redis outage renews all its leases at once).
+            expiry = pipe.zscore(LEASES, tag)
+            if expiry is not None and expiry > time.time():
+                return
             raw = pipe.hget(KOMBU_UNACKED, tag)
             pipe.multi()
             pipe.zrem(KOMBU_UNACKED_INDEX, tag)
@@ -215,7 +220,7 @@ class Reaper:
                 pipe.rpush(queue_list(routing_key), kombu_wire.redelivered(envelope))
                 restored = True
 
-        self.redis.transaction(transaction, KOMBU_UNACKED)
+        self.redis.transaction(transaction, KOMBU_UNACKED, LEASES)
         if restored:
             log.warning("re-queued message %s: its worker's lease expired", tag)
         return restored
