@@ -88,6 +88,24 @@ def test_an_expired_lease_gets_its_message_restored_exactly_once(redis_client, h
     assert redis_client.get(REAPER_LOCK) is None
 
 
+def test_a_lease_renewed_after_the_pass_read_it_keeps_its_message(redis_client, held):
+    """The race the Redis-restart chaos test once lost (a duplicated record): a worker back from an
+    outage renews its leases between the pass reading them and restoring the message."""
+    fetched_long_ago(redis_client, held)
+    redis_client.zadd(LEASES, {held: time.time() - 1})  # lapsed while Redis was away
+    reaper = Reaper(redis_client, ttl_s=5, interval_s=1)
+    read = reaper._lease_expiries
+
+    def read_then_renewed(tags):
+        expiries = list(read(tags))  # the pass has read every lease as lapsed...
+        redis_client.zadd(LEASES, {held: time.time() + 60})  # ...then the live worker renews
+        return iter(expiries)
+
+    reaper._lease_expiries = read_then_renewed
+    assert reaper.reap_once() == []
+    assert redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 0
+
+
 def test_only_one_reaper_works_at_a_time(redis_client, held):
     fetched_long_ago(redis_client, held)  # no lease at all: abandoned
     redis_client.set(REAPER_LOCK, "another reaper's token")
