@@ -98,17 +98,16 @@ class _BatchPass:
         rejections: list[RowRejection] = []
         candidates = [c for c in (self._candidate(item, rejections) for item in batch) if c is not None]
         samples = self.dataset.samples
+        slots_of = [sample_slots(c.source.row, samples) for c in candidates]
         # Earlier batches may still be publishing: their rows are others, so this answer holds.
-        enqueued, done = self.destination.claims(
-            self.dataset.name, [slot for c in candidates for slot in sample_slots(c.source.row, samples)])
+        enqueued, done = self.destination.claims(self.dataset.name, [slot for slots in slots_of for slot in slots])
         claimed = enqueued | done
-        fresh = [c for c in candidates if not claimed.issuperset(sample_slots(c.source.row, samples))]
+        fresh = [c for c, slots in zip(candidates, slots_of, strict=True) if not claimed.issuperset(slots)]
         token_ids = iter(self.templater.render([c.messages for c in fresh], self.dataset.chat_template_kwargs))
         tasks: list[list[OutgoingTask]] = []  # per prompt, its samples
         now = time.time()
         cut_row = None
-        for candidate in candidates:
-            slots = sample_slots(candidate.source.row, samples)
+        for candidate, slots in zip(candidates, slots_of, strict=True):
             self.report.already_queued += len(enqueued.intersection(slots))
             self.report.already_done += len(done.intersection(slots))
             if claimed.issuperset(slots):
