@@ -110,12 +110,12 @@ def plan(summary: dict, run: dict) -> dict:
     task_s = in_flight / rate  # Little's law, every slot busy
     past_ttl = in_flight * max(0.0, 1 - LEASE_TTL_S / task_s)  # ages spread evenly over a task's life
     idle, held = run["idle_per_s"], summary["per_held"]
-    # The reaper lock (SET NX, deleted after each pass: workers/leases.py `reap_once`) lets one pass
-    # run at a time: the workers' timers ask for 20 passes/s, but no more start than one pass lasts.
-    # A pass reads each candidate's lease with its own ZSCORE round trip; its length scales from the
-    # measured pass (localhost: a real network's round trip makes it longer and the rate lower).
+    # The reaper lock (SET NX PX interval, kept until it expires: workers/leases.py `reap_once`)
+    # lets the fleet make one pass per interval, however many workers' timers ask (a pass that
+    # lasts longer than the interval runs back to back with the next). A pass reads the candidates'
+    # leases a thousand per ZMSCORE; its length scales from the measured pass (localhost).
     pass_s = past_ttl * held["reap_pass_s"] / held["held"]
-    passes = min(workers / REAPER_INTERVAL_S, 1 / pass_s) if pass_s > 0 else workers / REAPER_INTERVAL_S
+    passes = min(1 / REAPER_INTERVAL_S, 1 / pass_s) if pass_s > 0 else 1 / REAPER_INTERVAL_S
     redis = {"completions": rate * run["redis_cpu_us_marginal"] / 1e6,
              # Idle workers: their commands per second (BLMOVE timeouts, heartbeats, beacons) at the
              # run's cost per command; their CPU difference with Redis alone is lost in its cron's.
@@ -176,7 +176,7 @@ def render(m: dict) -> str:
               + ", ".join(f"{k} {v:.3f}" for k, v in plan_["redis_cores"].items())
               + f" = {plan_['redis_cores_total']:.2f}; reaper: a pass {plan_['reaper_pass_s']:.2f} s, "
               f"{plan_['reaper_passes_per_s']:.2f} passes/s ({plan_['reaper_cores_unserialised']:.2f} cores if "
-              f"the lock did not serialise them)"]
+              f"every worker's timer made a pass)"]
     if "flower" in plan_:
         f = plan_["flower"]
         lines.append(f"Flower: {f['events_per_s']:,.0f} events/s ({f['heartbeats_per_s']:,.0f} heartbeats), "

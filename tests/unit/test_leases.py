@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 from helpers.kombu_messages import held_message
 
 from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
@@ -85,7 +86,33 @@ def test_an_expired_lease_gets_its_message_restored_exactly_once(redis_client, h
     assert redis_client.llen(SHORT) == 1
     assert not redis_client.hexists(KOMBU_UNACKED, held)
     assert redis_client.zscore(KOMBU_UNACKED_INDEX, held) is None and lease_left(redis_client, held) is None
+    assert 0 < redis_client.pttl(REAPER_LOCK) <= 1000  # kept for the rest of the interval
+
+
+def test_the_fleet_makes_one_reaper_pass_per_interval_however_many_workers_ask(redis_client, held):
+    """The lock is kept until its interval ends: a lock deleted after each pass let the next
+    worker's timer start another at once, and 200 workers reaped back to back."""
+    reapers = [Reaper(redis_client, ttl_s=5, interval_s=0.5) for _ in range(10)]
+    assert reapers[0].reap_once() == []  # nothing expired yet: this interval's pass is made
+    fetched_long_ago(redis_client, held)  # ...then a worker dies
+    assert [reaper.reap_once() for reaper in reapers] == [[]] * 10
+    assert redis_client.llen(SHORT) == 0
+    time.sleep(0.6)
+    assert [reaper.reap_once() for reaper in reapers] == [[held]] + [[]] * 9
+
+
+def test_a_pass_that_fails_frees_the_lock_for_another_worker(redis_client, held):
+    fetched_long_ago(redis_client, held)
+    failing = Reaper(redis_client, ttl_s=5, interval_s=10)
+
+    def redis_went_away(tags):
+        raise redis.ConnectionError("Connection reset by peer")
+
+    failing._lease_expiries = redis_went_away
+    with pytest.raises(redis.ConnectionError):
+        failing.reap_once()
     assert redis_client.get(REAPER_LOCK) is None
+    assert Reaper(redis_client, ttl_s=5, interval_s=10).reap_once() == [held]
 
 
 def test_a_lease_renewed_after_the_pass_read_it_keeps_its_message(redis_client, held):
