@@ -6,8 +6,9 @@
 - `eta`: ETA per dataset as a range, from completion lengths and pool throughput (pure maths).
 - `alarms`: the problems shown in red (pure rules over a `RunStatus`).
 - `render`: the rich table and the JSON object (pure).
-- `command`: the typer command (`--watch`, `--json`).
+- `command`: the typer command (`--watch`, `--json`, `--serve`).
+- `page` (with `page_view`, `svg`, `history`, `page.css`, `page.js`): `--serve`'s live web page.
 
-Only `read_model` and `command` touch Redis. Nothing is imported here: `eta`, `alarms` and
-`snapshot` load without redis or rich, `render` without redis.
+Only `read_model`, `history`, `page` and `command` touch Redis. Nothing is imported here: `eta`,
+`alarms` and `snapshot` load without redis or rich, `render` and `page_view` without redis.
 """

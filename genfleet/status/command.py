@@ -1,6 +1,7 @@
-"""`genfleet status`: a run at a glance, read from Redis and shown as a table (`--watch` refreshes it
-every 2 s) or as one JSON object (`--json`). What is read is in `read_model`, how it is shown in
-`render`, what is flagged in `alarms`.
+"""`genfleet status`: a run at a glance, read from Redis and shown as a table fitted to the terminal
+(`--wide`: every column; `--watch` redraws it in place every 2 s until Ctrl-C) or as one JSON object
+(`--json`). What is read is in `read_model`, how it is shown in `render` (and fitted in `terminal`),
+what is flagged in `alarms`.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import redis
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.text import Text
 
@@ -18,7 +19,8 @@ from common.run_state import connect
 from common.settings import Settings
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
 from genfleet.status.read_model import read_status
-from genfleet.status.render import render, status_json, wide_console
+from genfleet.status.render import render, status_json
+from genfleet.status.terminal import keys_not_echoed, status_console
 
 WATCH_INTERVAL_S = 2.0
 # An operator's command: an unreachable Redis is reported in seconds, not after the workers' two
@@ -28,28 +30,42 @@ REDIS_TIMEOUT_S = 5.0
 
 def status_command(
     run: Annotated[str, typer.Option(help="Run id")],
-    watch: Annotated[bool, typer.Option(help="Refresh every 2 s until interrupted")] = False,
+    watch: Annotated[bool, typer.Option(help="Redraw in place every 2 s until Ctrl-C")] = False,
+    wide: Annotated[bool, typer.Option(
+        help="Every column, exact counts (about 215 columns); by default the table fits the terminal")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
     no_progress_minutes: Annotated[float, typer.Option(
         help="Alarm when no prompt finishes for this long while some are pending")] = NO_PROGRESS_S / 60,
     redis_url: Annotated[str | None, typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    serve: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="Serve a live page of the run on this port (genfleet/status/page.py)")] = None,
+    bind: Annotated[str, typer.Option(
+        help="Address for --serve; beyond loopback only with GENFLEET_FLOWER_AUTH=user:password")] = "127.0.0.1",
+    flower_url: Annotated[str, typer.Option(help="Flower, for --serve's links to failed tasks")] = "http://127.0.0.1:5555",
 ) -> None:
     """Per-dataset progress, rates, completion lengths, ETA and alarms of a run."""
     url = redis_url or Settings().redis_url
+    if serve is not None:
+        from genfleet.status.page import serve_page
+
+        serve_page(url, run, port=serve, bind=bind, flower_url=flower_url, auth=Settings().flower_auth,
+                   settings=AlarmSettings(no_progress_s=no_progress_minutes * 60), redis_timeout_s=REDIS_TIMEOUT_S)
+        return
     try:
         _status(connect(url, timeout_s=REDIS_TIMEOUT_S), run, watch, as_json,
-                AlarmSettings(no_progress_s=no_progress_minutes * 60))
+                AlarmSettings(no_progress_s=no_progress_minutes * 60), wide=wide)
     except redis.RedisError as error:
         Console(stderr=True).print(f"[red]error:[/] Redis at {escape(_without_password(url))}: "
                                    f"{escape(str(error) or type(error).__name__)}", soft_wrap=True)
         raise typer.Exit(1) from None
 
 
-def _status(client: redis.Redis, run: str, watch: bool, as_json: bool, settings: AlarmSettings) -> None:
+def _status(client: redis.Redis, run: str, watch: bool, as_json: bool, settings: AlarmSettings, *,
+            wide: bool = False) -> None:
     if as_json:
         print(json.dumps(status_json(read_status(client, run), settings)))
         return
-    console = wide_console()
+    console = status_console(wide)
     status = read_status(client, run)
     if not status.datasets:
         # Most often a typo in --run or another Redis: say so rather than show an empty, "finished" run.
@@ -58,17 +74,33 @@ def _status(client: redis.Redis, run: str, watch: bool, as_json: bool, settings:
         if not watch:
             raise typer.Exit(1)
     if not watch:
-        console.print(render(status, settings))
+        console.print(render(status, settings, wide=wide))
         return
+    _watch(client, run, console, render(status, settings, wide=wide), settings, wide)
+
+
+def _watch(client: redis.Redis, run: str, console: Console, first: RenderableType, settings: AlarmSettings,
+           wide: bool) -> None:
+    """Redraws in place: rich's `Live` moves the cursor back up over what it drew (screen=False, so
+    the last table stays on the screen after Ctrl-C); a table taller than the terminal is cut to
+    its height with "..." (vertical_overflow="ellipsis") rather than scrolled, which would leave a
+    copy of it in the scrollback at each refresh (rich/live.py, rich/live_render.py, rich 15.0.0).
+    It refreshes each second, and each refresh lays the tables out for the terminal's width then;
+    keys typed meanwhile are not echoed, as an echoed Enter would move the cursor under it."""
     from rich.live import Live
-    with Live(render(status, settings), console=console, refresh_per_second=1) as live:
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
-            try:
-                live.update(render(read_status(client, run), settings))
-            except redis.RedisError as error:  # a restart while watching: keep watching
-                live.update(Text(f"Redis: {error or type(error).__name__} (retrying every "
-                                 f"{WATCH_INTERVAL_S:.0f} s)", style="red"))
+
+    with keys_not_echoed(), Live(first, console=console, refresh_per_second=1, screen=False,
+                                 vertical_overflow="ellipsis") as live:
+        try:
+            while True:
+                time.sleep(WATCH_INTERVAL_S)
+                try:
+                    live.update(render(read_status(client, run), settings, wide=wide))
+                except redis.RedisError as error:  # a restart while watching: keep watching
+                    live.update(Text(f"Redis: {error or type(error).__name__} (retrying every "
+                                     f"{WATCH_INTERVAL_S:.0f} s)", style="red"))
+        except KeyboardInterrupt:  # how a watch ends: leave the last table, exit 0, no traceback
+            pass
 
 
 def _without_password(url: str) -> str:

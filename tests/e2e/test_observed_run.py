@@ -156,9 +156,12 @@ class TestObservedRun:
         assert status["alarms"] == [] or all("errors:" in a for a in status["alarms"])
 
         table = fleet.genfleet("status", "--run", self.RUN).stdout
-        for heading in ("req/min", "tok/s", "p50", "p99", "ETA", "in flight", "partitions"):
+        for heading in ("done/total", "req/min", "tok/s", "trunc %", "loop %", "ETA", "in flight", "partitions"):
             assert heading in table
-        (fleet.workdir / "status.txt").write_text(table)
+        wide = fleet.genfleet("status", "--run", self.RUN, "--wide").stdout
+        for heading in ("req/min 1m·10m", "tokens p50·mean·p99", "rejected", "skipped"):
+            assert heading in wide
+        (fleet.workdir / "status.txt").write_text(f"{table}\n{wide}")
 
     def test_worker_metrics_expose_tokens_latency_errors_and_queues(self, observed):
         fleet, _, ports = observed
