@@ -124,6 +124,10 @@ class CompletionRecord:
     regenerated: bool | None = None
     # With `--samples N` > 1: which sample of the prompt this is (0..N-1).
     sample: int | None = None
+    # The served model's revision as its upstream reported it: {"revision": `/server_info` revision,
+    # "weight_version": `/model_info` weight_version}, each null where the server did not say (SGLang
+    # 0.5.23 by default: revision null, weight_version "default"); left out where it said neither.
+    model_revision: dict[str, str | None] | None = None
 
     def to_json_line(self) -> bytes:
         data = asdict(self)
@@ -141,7 +145,7 @@ class CompletionRecord:
 
 
 # Left out of a record's JSON line when None: records without them read as before.
-_OPTIONAL_FIELDS = ("output_ids", "turns", "loop", "continued", "regenerated", "sample")
+_OPTIONAL_FIELDS = ("output_ids", "turns", "loop", "continued", "regenerated", "sample", "model_revision")
 
 
 @dataclass

@@ -109,13 +109,13 @@ def requeue_command(
             console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})", markup=False)
         console.print(f"{len(chosen)} dead letters would be requeued")
         return
-    from rich.progress import track
-
+    from genfleet.progress import terminal_progress
     from workers.app import create_app
 
     app = create_app(settings)
-    # Each letter is published and dropped from the store one by one: thousands take a while.
-    letters = track(chosen, description="requeueing", console=console, disable=not console.is_terminal,
-                    transient=True)
-    count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
+    # Each letter is published and dropped from the store one by one: thousands take a while. The bar
+    # (rate, ETA) is on stderr and only on a terminal; stdout keeps the lines scripts read.
+    with terminal_progress(Console(stderr=True), transient=True) as progress:
+        letters = progress.track(chosen, description="requeueing dead letters")
+        count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
     console.print(f"requeued {count} dead letters of run {run}")

@@ -127,11 +127,12 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple
         reasoning_tokens=sum(t.usage.reasoning_tokens for t, _ in turns),
         cached_tokens=sum(t.usage.cached_tokens for t, _ in turns),
     )
+    model = runtime.client.model_identity(last.upstream)
     return CompletionRecord(
         id=payload.id, run=payload.run, dataset=payload.dataset, partition=payload.partition,
         messages=prompt, reasoning=last.reasoning, content=last.content,
         finish_reason=last.finish_reason, matched_stop=last.matched_stop, usage=usage,
-        upstream=last.upstream, model=runtime.client.model_name(last.upstream), sampling=payload.sampling,
+        upstream=last.upstream, model=model.name, sampling=payload.sampling,
         timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at, first_token_s=first_token_s,
                       duration_s=time.time() - started_at, e2e_latency=generation.e2e_latency),
         attempts=payload.attempt, worker=runtime.name, output_ids=last.output_ids,
@@ -140,6 +141,7 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple
         loop=next((turn.loop for turn, _ in turns if turn.loop), None),
         continued=prior.parts if prior is not None else None,
         regenerated=True if payload.regenerated else None, sample=payload.sample,
+        model_revision=model.record_field(),
     )
 
 

@@ -9,6 +9,8 @@
 - `filters`, `dedupe`, `stats`: what is left out, what was seen, completion-length statistics.
 - `sinks`: the output files (split, hashed) and the bounded-memory shuffle.
 - `reconcile`: the shards checked against the run in Redis; `manifest`: `manifest.json`.
+- `card`: the dataset card `README.md` (configs, `features` inferred from every line, `card_body` its
+  provenance text), so `datasets.load_dataset(<export>)` reads it; `hub`: `--push-to-hub`.
 
 The shard layout and reader are `common.shards`. Nothing is imported here: `--help` stays cheap.
 """

@@ -1,5 +1,6 @@
 """`genfleet export`: the command around `genfleet.export.exporter` (options, Redis, format, progress,
-report). Every format is built through the one registry, `formats.FORMATS`."""
+report, the dataset card, the push to the Hub). Every format is built through the one registry,
+`formats.FORMATS`."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 # Exit codes a script can tell apart (typer's own usage errors exit 2).
 EXIT_INCOMPLETE = 1  # written, but reconciliation found prompts without a record (see manifest.json)
 EXIT_ABORTED = 3  # stopped: a corrupt shard, a record the format cannot express, Redis unreachable
+EXIT_PUSH_FAILED = 4  # written, complete and verified as asked, but --push-to-hub's upload failed
 
 
 def export_command(
@@ -54,14 +56,24 @@ def export_command(
     reconcile: Annotated[bool, typer.Option(
         help="Check the shards against the run in Redis; --no-reconcile for shards without their Redis")] = True,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
+    push_to_hub: Annotated[Optional[str], typer.Option(
+        "--push-to-hub", metavar="REPO",
+        help="Upload the export (card included) to this Hugging Face dataset repo, owner/name; token: HF_TOKEN "
+             "or `hf auth login`")] = None,
+    private: Annotated[bool, typer.Option(
+        "--private", help="--push-to-hub: create the repo private (an existing repo keeps its visibility)")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="--push-to-hub: list the files it would upload, with their sizes; upload nothing")] = False,
 ) -> None:
     """Export a run's shards (deduped, filtered, reconciled) as one training-ready dataset with a
-    manifest. Exit 0: complete and verified; 1: written but incomplete (missing records, see
-    manifest.json and missing.jsonl); 3: stopped on an error naming its file and line."""
+    manifest and a Hugging Face dataset card (README.md). Exit 0: complete and verified; 1: written but
+    incomplete (missing records, see manifest.json and missing.jsonl; never pushed); 3: stopped on an
+    error naming its file and line; 4: --push-to-hub's upload failed."""
     from genfleet.export.filters import RecordFilters
     from genfleet.export.report import ExportOptions
 
     _check_options(format_name, max_records_per_file, shuffle_buffer_mb, per_dataset, merged)
+    _check_push_options(push_to_hub, private, dry_run)
     # Findings go to stderr unwrapped, so a file:line in them stays whole for grep and scripts.
     err = Console(stderr=True, soft_wrap=True)
     ledger, reconciler = _open_run(err, run, redis_url) if reconcile else (None, None)
@@ -78,7 +90,11 @@ def export_command(
     report = _export(err, options, built, ledger, reconciler)
     _show(err, report, started)
     if not report.complete:
+        if push_to_hub:
+            err.print("[bold red]not pushed[/]: the export is incomplete")
         raise typer.Exit(EXIT_INCOMPLETE)
+    if push_to_hub:
+        _push(err, out, push_to_hub, private=private, dry_run=dry_run, run=run)
 
 
 def _check_options(format_name: str, max_records_per_file: int | None, shuffle_buffer_mb: int,
@@ -91,6 +107,20 @@ def _check_options(format_name: str, max_records_per_file: int | None, shuffle_b
         raise typer.BadParameter("--shuffle-buffer-mb must be at least 1")
     if not (per_dataset or merged):
         raise typer.BadParameter("--no-per-dataset and --no-merged together leave nothing to write")
+
+
+def _check_push_options(repo: str | None, private: bool, dry_run: bool) -> None:
+    """Before anything is exported: a push that could not happen as asked stops the command now."""
+    if repo is None:
+        if dry_run or private:
+            raise typer.BadParameter(f"{'--dry-run' if dry_run else '--private'} goes with --push-to-hub REPO")
+        return
+    from genfleet.export.hub import check_repo_id
+
+    try:
+        check_repo_id(repo)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 def _open_run(err: Console, run: str, redis_url: str | None) -> tuple[RunLedger, Reconciler]:
@@ -126,14 +156,14 @@ def _export(err: Console, options: ExportOptions, built: BuiltFormat, ledger: Ru
             reconciler: Reconciler | None) -> ExportReport:
     """Runs the export under progress bars; the manifest is written even when it stops on an error."""
     from common.shards import ShardError
+    from genfleet.export.card import write_card_and_manifest
     from genfleet.export.exporter import Exporter, ExportError
-    from genfleet.export.manifest import build_manifest, write_manifest
 
     out = options.out
     with RichProgress(err) as progress:
         exporter = Exporter(options, built.formatter, ledger=ledger, reconciler=reconciler, progress=progress)
         try:
-            return exporter.run(lambda r: write_manifest(out, build_manifest(r, ledger, built.tokenizer_dir)))
+            return exporter.run(lambda r: write_card_and_manifest(r, ledger, built.tokenizer_dir))
         except (ExportError, ShardError, OSError) as error:
             written = exporter.report.error is not None  # the export had begun: its manifest says how far
             _abort(err, f"{error}\nwhat was written is listed in {out / 'manifest.json'}, marked incomplete"
@@ -153,6 +183,27 @@ def _show(err: Console, report: ExportReport, started: float) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         err.print("no stats.png: matplotlib is not installed (pip install 'genfleet[plots]')", markup=False)
     print_findings(err, manifest, out)
+
+
+def _push(err: Console, out: Path, repo: str, *, private: bool, dry_run: bool, run: str) -> None:
+    """Uploads the export, or with --dry-run lists what would go (stdout: one `path  bytes` line each)."""
+    from genfleet.export.hub import PushError, push, upload_plan
+
+    if dry_run:
+        plan = upload_plan(out)
+        for planned in plan:
+            typer.echo(f"{planned.path}\t{planned.bytes}")
+        total = sum(planned.bytes for planned in plan)
+        err.print(f"dry run: would upload {len(plan)} files ({total:,} bytes) to the dataset repo {escape(repo)}; "
+                  "nothing sent")
+        return
+    try:
+        url = push(out, repo, private=private, run=run)
+    except PushError as error:
+        err.print(f"[bold red]push to the Hub failed[/]: {escape(str(error))}; the export in {escape(str(out))} is "
+                  f"complete: upload it with `hf upload {escape(repo)} {escape(str(out))} --repo-type dataset`")
+        raise typer.Exit(EXIT_PUSH_FAILED) from None
+    err.print(f"pushed to the dataset repo {escape(repo)}: {escape(url)}")
 
 
 def _abort(err: Console, message: str) -> NoReturn:

@@ -1,5 +1,6 @@
-"""What `genfleet export` shows: a progress bar per phase and the findings on stderr, the summary
-table on stdout (the command reads them from the manifest it just wrote)."""
+"""What `genfleet export` shows: a progress bar per phase (on a terminal only: `genfleet.progress`) and
+the findings on stderr, the summary table on stdout (the command reads them from the manifest it just
+wrote)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,19 +9,21 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TaskID
 from rich.table import Table
+
+from genfleet.progress import BYTES, terminal_progress
 
 
 class RichProgress:
-    """A rich progress bar per phase, on stderr; updates are batched so a million records cost
-    thousands of redraw requests, not millions."""
+    """A rich progress bar per phase, on stderr, with its rate and ETA (reading shards: over bytes read,
+    the records counted beside them); updates are batched so a million records cost thousands of
+    redraw requests, not millions."""
 
     _BATCH = 2048
 
     def __init__(self, console: Console) -> None:
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
-                                  TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+        self._progress = terminal_progress(console, detail=True)
         self._task: TaskID | None = None
         self._pending = self._calls = 0
         self._unit_bytes = False
@@ -32,17 +35,24 @@ class RichProgress:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._flush()
+        if kind is None:
+            self._end_phase()
         self._progress.__exit__(kind, error, traceback)
 
     def phase(self, description: str, total: int | None) -> None:
         self._flush()
-        if self._task is not None:  # the previous phase is over: show it full and stop its clock
+        self._end_phase()
+        self._unit_bytes = description == "reading shards"
+        self._calls = 0
+        self._task = self._progress.add_task(description, total=total, detail="",
+                                             unit=BYTES if self._unit_bytes else "items")
+
+    def _end_phase(self) -> None:
+        """The phase is over: show it full and stop its clock."""
+        if self._task is not None:
             done = self._progress.tasks[-1].total or 1
             self._progress.update(self._task, total=done, completed=done)
             self._progress.stop_task(self._task)
-        self._unit_bytes = description == "reading shards"
-        self._calls = 0
-        self._task = self._progress.add_task(description, total=total, detail="")
 
     def advance(self, amount: int) -> None:
         self._pending += amount
@@ -55,7 +65,9 @@ class RichProgress:
             return
         task = self._progress.tasks[-1]
         done = task.completed + self._pending
-        detail = f"{done / 1e6:,.0f}/{(task.total or 0) / 1e6:,.0f} MB · {self._calls:,} records" \
+        elapsed = task.elapsed or 0.0
+        records_rate = f" · {self._calls / elapsed:,.0f} records/s" if elapsed > 1 else ""
+        detail = f"{done / 1e6:,.0f}/{(task.total or 0) / 1e6:,.0f} MB · {self._calls:,} records{records_rate}" \
             if self._unit_bytes else f"{done:,.0f}/{task.total or 0:,.0f}"
         self._progress.update(self._task, advance=self._pending, detail=detail)
         self._pending = 0

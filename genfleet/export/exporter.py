@@ -131,7 +131,7 @@ class Exporter:
             for dataset, prompt_id, samples in self._samples.drain():
                 self.report.tally(dataset).samples_per_prompt[len(samples)] += 1
                 if self._grouping is not None:
-                    emit(dataset, _json_line(self._grouping.line(prompt_id, samples)))
+                    emit(dataset, self._encode(dataset, self._grouping.line(prompt_id, samples)))
                 self.progress.advance(len(samples))
         finally:
             self._samples.close()
@@ -183,11 +183,16 @@ class Exporter:
             self._samples.add(dataset, prompt_id_of(record), sample, _formatted(line, self._grouping.part))
             tally.exported += 1
             return None
-        formatted = _json_line(_formatted(line, self.formatter))
+        formatted = self._encode(dataset, _formatted(line, self.formatter))
         if sample is not None:  # written on its own line; counted per prompt for the manifest
             self._samples.add(dataset, prompt_id_of(record), sample)
         tally.exported += 1
         return dataset, formatted
+
+    def _encode(self, dataset: str, value: dict[str, Any]) -> bytes:
+        """An output line, its shape counted in the features the dataset card declares."""
+        self.report.features.add(dataset, value)
+        return _json_line(value)
 
     def _write_dead_letters(self) -> None:
         """The prompts that failed for good, as the format's error file (openai-batch's is the one
@@ -196,12 +201,14 @@ class Exporter:
         if error_line is None or self.ledger is None:
             return
         errors = OutputFiles(self.options.out, max_records=self.options.max_records_per_file,
-                             per_dataset=self.options.per_dataset, merged=self.options.merged, suffix=".errors")
+                             per_dataset=self.options.per_dataset, merged=self.options.merged, errors=True)
         letters = sorted(self.ledger.dead_letters, key=lambda letter: (letter.payload.dataset, letter.id))
         try:
             for letter in letters:
                 dataset = letter.payload.dataset
-                errors.write(dataset, _json_line(error_line(letter.id, dataset, letter.error_class, letter.message)))
+                error = error_line(letter.id, dataset, letter.error_class, letter.message)
+                self.report.error_features.add(dataset, error)
+                errors.write(dataset, _json_line(error))
         finally:
             self.report.files += errors.close()
 

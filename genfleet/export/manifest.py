@@ -7,13 +7,20 @@ record; `verified` is true only when reconciliation against Redis ran and passed
 Per dataset, besides the counts: `looped`, `continued`, `regenerated` (of the unique records read,
 before filters: the loop guard's findings, completions continued past a cut, completions asked again
 with a larger budget) and `samples` (null without `--samples`; else the exported samples: `records`,
-`prompts` they answer, and `per_prompt`, prompts by how many samples they kept, e.g. {"4": 998, "3": 2}).
+`prompts` they answer, and `per_prompt`, prompts by how many samples they kept, e.g. {"4": 998, "3": 2}),
+`config`, the dataset's generation settings as the producer recorded them (sampling, max_new_tokens per
+partition, ...; null without Redis), and `models`: the unique records (before filters) per model as the
+workers recorded it, `{"model", "revision", "weight_version", "records"}`, most records first; `revision`
+and `weight_version` are the server's own (`/server_info` `revision`, `/model_info` `weight_version`:
+the record's `model_revision`), null where it did not report them or the records predate the field.
+`genfleet_version` is the exporting genfleet's.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,7 @@ from common.keys import ManifestFields
 from genfleet.export.exporter import MANIFEST, MISSING
 from genfleet.export.reconcile import RunLedger
 from genfleet.export.report import DatasetTally, ExportReport
+from genfleet.export.sinks import WrittenFile
 
 MANIFEST_VERSION = 1
 _COUNTS = ("input", "done", "dead", "rejected", "skipped")
@@ -47,6 +55,8 @@ def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir
             "continued": tally.continued,
             "regenerated": tally.regenerated,
             "samples": tally.samples_summary(),
+            "config": (ledger.dataset_config(name) or None) if ledger is not None else None,
+            "models": _models(tally),
         }
     models = sorted(model for model in report.models if model)
     return {
@@ -56,6 +66,7 @@ def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir
         "verified": report.reconciliation is not None and report.complete,
         "problems": report.problems,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "genfleet_version": _genfleet_version(),
         "options": options.describe(),
         # A --from root without the run: a typo, or a host that wrote none of it.
         "sources_without_run": [str(source.resolve()) for source in options.sources
@@ -75,8 +86,7 @@ def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir
                        "examples": report.duplicate_examples},
         "reconciliation": _reconciliation(report),
         "stats": report.stats.summary(),
-        "files": [{"path": _relative(file.path, options.out), "records": file.records, "bytes": file.bytes,
-                   "sha256": file.sha256} for file in report.files],
+        "files": [file_entry(file, options.out) for file in report.files],
     }
 
 
@@ -89,6 +99,18 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+def file_entry(file: WrittenFile, out: Path) -> dict[str, Any]:
+    """A written file as the manifest lists it."""
+    return {"path": _relative(file.path, out), "records": file.records, "bytes": file.bytes, "sha256": file.sha256}
+
+
+def _genfleet_version() -> str | None:
+    try:
+        return version("genfleet")  # the installed distribution's (pyproject.toml's)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+
+
 def _reconciliation(report: ExportReport) -> dict[str, Any]:
     if report.reconciliation is None:
         return {"checked": False}
@@ -99,6 +121,11 @@ def _reconciliation(report: ExportReport) -> dict[str, Any]:
         "missing_file": MISSING if report.missing_rows else None,
         "datasets": {finding.dataset: finding.to_dict() for finding in report.reconciliation},
     }
+
+
+def _models(tally: DatasetTally) -> list[dict[str, Any]]:
+    return [{"model": model, "revision": revision, "weight_version": weight_version, "records": records}
+            for (model, revision, weight_version), records in tally.models.most_common()]
 
 
 def _all_samples(report: ExportReport) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from common.shards import TornLine
 from genfleet.export.conversation import Record
+from genfleet.export.features import LineFeatures
 from genfleet.export.filters import RecordFilters, looped
 from genfleet.export.reconcile import DatasetReconciliation
 from genfleet.export.sinks import WrittenFile
@@ -59,11 +60,17 @@ class DatasetTally:
     regenerated: int = 0
     # Exported samples per prompt (`--samples N`): samples in a prompt -> prompts; empty without samples.
     samples_per_prompt: Counter[int] = field(default_factory=Counter)
+    # Unique records per (model, revision, weight version) as the workers recorded them (`model_revision`).
+    models: Counter[tuple[str, str | None, str | None]] = field(default_factory=Counter)
 
     def count_kind(self, record: Record) -> None:
         self.looped += looped(record)
         self.continued += bool(record.get("continued"))
         self.regenerated += bool(record.get("regenerated"))
+        served = record.get("model_revision") or {}
+        model = (record.get("model") or "", served.get("revision"), served.get("weight_version"))
+        if model in self.models or len(self.models) < 100:  # a few per run; never unbounded
+            self.models[model] += 1
 
     def samples_summary(self) -> dict[str, Any] | None:
         """{"records", "prompts", "per_prompt": {samples: prompts}}; None where nothing was sampled."""
@@ -88,6 +95,9 @@ class ExportReport:
     missing_rows: int = 0
     error: str | None = None
     histogram: bool = False  # stats.png written
+    # The shape of every line written, per dataset: its lines and its error file's (the card's features).
+    features: LineFeatures = field(default_factory=LineFeatures)
+    error_features: LineFeatures = field(default_factory=LineFeatures)
 
     def tally(self, dataset: str) -> DatasetTally:
         tally = self.tallies.get(dataset)

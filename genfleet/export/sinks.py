@@ -13,10 +13,18 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 MERGED_STEM = "all"
 DATASETS_DIR = "datasets"
+ERRORS_SUFFIX = ".errors"  # the format's error file beside each output: all.errors.jsonl
+
+
+class Series(NamedTuple):
+    """The output a file is part of: a dataset's (`dataset`), or the merged one (None); its lines, or
+    the dead letters of the format's error file (`errors`)."""
+    dataset: str | None
+    errors: bool = False
 
 
 @dataclass(frozen=True)
@@ -25,14 +33,15 @@ class WrittenFile:
     records: int
     bytes: int
     sha256: str
+    series: Series | None = None  # None: not a line output (missing.jsonl, stats.png)
 
 
 class HashedFile:
     """A file written once, front to back, whose sha256 is known when it is closed."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, series: Series | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
+        self.path, self.series = path, series
         self._file = open(path, "wb", buffering=1 << 20)
         self._hash = hashlib.sha256()
         self.records = 0
@@ -46,15 +55,15 @@ class HashedFile:
 
     def close(self) -> WrittenFile:
         self._file.close()
-        return WrittenFile(self.path, self.records, self.bytes, self._hash.hexdigest())
+        return WrittenFile(self.path, self.records, self.bytes, self._hash.hexdigest(), self.series)
 
 
 class JsonlSeries:
     """One logical output (a dataset, or all of them) as one file, or as numbered parts of at most
     `max_records` lines each. Files are created on the first line, so an empty output has none."""
 
-    def __init__(self, directory: Path, stem: str, max_records: int | None) -> None:
-        self.directory, self.stem, self.max_records = directory, stem, max_records
+    def __init__(self, directory: Path, stem: str, max_records: int | None, series: Series | None = None) -> None:
+        self.directory, self.stem, self.max_records, self.series = directory, stem, max_records, series
         self._current: HashedFile | None = None
         self._written: list[WrittenFile] = []
 
@@ -63,7 +72,7 @@ class JsonlSeries:
             self._written.append(self._current.close())
             self._current = None
         if self._current is None:
-            self._current = HashedFile(self.directory / self._next_name())
+            self._current = HashedFile(self.directory / self._next_name(), self.series)
         self._current.write(line)
 
     def close(self) -> list[WrittenFile]:
@@ -82,9 +91,11 @@ class OutputFiles:
     """Each line goes to its dataset's file and to the merged one (each optional)."""
 
     def __init__(self, out: Path, *, max_records: int | None, per_dataset: bool, merged: bool,
-                 suffix: str = "") -> None:
-        self.out, self.max_records, self.per_dataset, self.suffix = out, max_records, per_dataset, suffix
-        self._merged = JsonlSeries(out, MERGED_STEM + suffix, max_records) if merged else None
+                 errors: bool = False) -> None:
+        self.out, self.max_records, self.per_dataset, self.errors = out, max_records, per_dataset, errors
+        self.suffix = ERRORS_SUFFIX if errors else ""
+        self._merged = JsonlSeries(out, MERGED_STEM + self.suffix, max_records, Series(None, errors)) \
+            if merged else None
         self._datasets: dict[str, JsonlSeries] = {}
 
     def write(self, dataset: str, line: bytes) -> None:
@@ -94,7 +105,7 @@ class OutputFiles:
             series = self._datasets.get(dataset)
             if series is None:
                 series = self._datasets[dataset] = JsonlSeries(self.out / DATASETS_DIR, dataset + self.suffix,
-                                                               self.max_records)
+                                                               self.max_records, Series(dataset, self.errors))
             series.write(line)
 
     def close(self) -> list[WrittenFile]:

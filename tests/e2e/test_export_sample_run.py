@@ -1,7 +1,8 @@
 """`genfleet export` over the shards of a real run (sample data through real workers): copies from
 two hosts dedupe to one record per id, every format round-trips, the tokenized format masks exactly
-the generated tokens, a torn last line is tolerated and a corrupt one stops the export, and a
-deleted shard fails reconciliation naming the missing ids."""
+the generated tokens, a torn last line is tolerated and a corrupt one stops the export, a
+deleted shard fails reconciliation naming the missing ids, and the card names the model's revision
+as the server reported it to the workers."""
 from __future__ import annotations
 
 import hashlib
@@ -139,6 +140,43 @@ def test_tokenized_masks_exactly_the_generated_tokens_with_and_without_output_id
         generated = tokenizer.decode(ids[len(prompt):], skip_special_tokens=False)
         assert generated == f"{record['reasoning']}</think>{record['content']}<|im_end|>"
         assert from_text[record_id] == line  # re-tokenized text gives the very same tokens and mask
+
+
+# What the simulator reports, as SGLang 0.5.23 launched without --revision or --weight-version.
+SIM_REVISION = {"revision": None, "weight_version": "default"}
+
+
+def test_the_card_names_the_revision_and_weight_version_the_server_reported(sample_run, tmp_path):
+    records = sample_run.records()
+    assert all(record["model_revision"] == SIM_REVISION for record in records)
+
+    code, output, manifest = sample_run.export(tmp_path / "out", "--format", "specforge")
+
+    assert code == 0, output
+    glaive = manifest["datasets"]["B1_glaive"]
+    assert glaive["models"] == [{"model": records[0]["model"], **SIM_REVISION, "records": glaive["records"]}]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert ("| **model revision** | not reported by the server (revision null); weight version `default` "
+            "(as the server reported them: `/server_info` `revision`, `/model_info` `weight_version`) |") in card
+    assert "Models by dataset" not in card
+
+
+def test_records_from_a_host_serving_another_revision_are_listed_apart_in_the_card(sample_run, tmp_path):
+    hosts = sample_run.copy(tmp_path / "copy")
+    newer = {"revision": "3f2a9c1", "weight_version": "step-1200"}
+    for shard in (hosts / RUN / "B1_glaive").glob("*.jsonl"):
+        shard.write_text("".join(json.dumps({**record, "model_revision": newer}) + "\n" for record in lines(shard)))
+
+    code, output, manifest = sample_run.export(tmp_path / "out", "--format", "specforge", sources=(hosts,))
+
+    assert code == 0, output
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "| **model revision** | several: see *Models by dataset* |" in card
+    model = sample_run.records()[0]["model"]
+    glaive, magicoder = manifest["datasets"]["B1_glaive"], manifest["datasets"]["B3_magicoder"]
+    assert f"| `B1_glaive` | `{model}` | `3f2a9c1` | `step-1200` | {glaive['records']:,} |" in card
+    assert (f"| `B3_magicoder` | `{model}` | not reported by the server (revision null) | `default` | "
+            f"{magicoder['records']:,} |") in card
 
 
 def test_a_torn_last_line_of_an_open_shard_is_tolerated_and_reported(sample_run, tmp_path):

@@ -1,5 +1,6 @@
 """`genfleet export` run in this process, over a finished real run's shards (`SampleRun`) or a
-hand-made one with the Redis state a finished run leaves (`synthetic_run`)."""
+hand-made one with the Redis state a finished run leaves (`synthetic_run`, and `sampled_run` for a
+dataset with `--samples` and the config its producer records)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,14 @@ from pathlib import Path
 import redis
 from typer.testing import CliRunner
 
+from common.keys import ManifestFields
 from common.records import CompletionRecord, Timing, Usage
+from common.run_manifest import RunManifest
 from common.run_state import Outcome, RunState
 from genfleet.cli import app
 from helpers.fleet import shard_records
+from helpers.paths import TOKENIZER
+from producer.manifest import config_hash, tokenizer_fingerprint
 
 EXIT_INCOMPLETE, EXIT_ABORTED = 1, 3
 
@@ -76,4 +81,41 @@ def synthetic_run(root: Path, client: redis.Redis, run: str, count: int) -> list
     half = count // 2
     (shards / "w-00000.jsonl").write_bytes(b"".join(r.to_json_line() for r in records[:half]))
     (shards / "w-00001.jsonl.open").write_bytes(b"".join(r.to_json_line() for r in records[half:]))
+    return records
+
+
+def sampled_run(root: Path, client: redis.Redis, run: str, prompts: int, samples: int) -> list[CompletionRecord]:
+    """`prompts` prompts of dataset `sampled`, `samples` completions each (`--samples`), in one shard,
+    with the Redis state a finished run leaves and the config its producer records (the run's: parser,
+    tokenizer fingerprint and directory, config hash; the dataset's: sampling, max_new_tokens, samples).
+    Shapes vary line to line as real data does: even prompts open with a system message naming its
+    author (`name`), and only sample 0 has reasoning."""
+    state = RunState(client, run)
+    config = {"sampling": {"temperature": 0.6, "top_p": 0.95}, "max_new_tokens": {"short": 512, "long": 2048},
+              "samples": samples, "chat_template_kwargs": {}}
+    identity = {"regenerate": "last", "keep_token_ids": False, "reasoning_parser": "kimi_k2",
+                "tokenizer": tokenizer_fingerprint(TOKENIZER)}
+    RunManifest(client, run).record({
+        ManifestFields.CONFIG: json.dumps(identity), ManifestFields.CONFIG_HASH: config_hash(identity),
+        ManifestFields.TOKENIZER_DIR: str(TOKENIZER), ManifestFields.source("sampled"): "sampled.jsonl",
+        ManifestFields.dataset_config("sampled"): json.dumps(config)}, ["sampled"])
+    records = []
+    for prompt in range(prompts):
+        system = [{"role": "system", "content": "be brief", "name": "ops"}] if prompt % 2 == 0 else []
+        for k in range(samples):
+            slot = prompt * samples + k
+            records.append(CompletionRecord(
+                id=f"sampled/{prompt}#{k}", run=run, dataset="sampled", partition="short",
+                messages=[*system, {"role": "user", "content": f"pick a number, {prompt}"}],
+                reasoning="let me think" if k == 0 else "", content=f"{prompt * 10 + k}", finish_reason="stop",
+                matched_stop=None, usage=Usage(prompt_tokens=8, completion_tokens=3 + k, reasoning_tokens=0,
+                                               cached_tokens=0),
+                upstream="sim", model="sim-model", sampling=config["sampling"], timing=Timing(0.0, 0.0, None, 1.0),
+                attempts=1, worker="w", row=slot, sample=k))
+            client.setbit(state.keys.enqueued("sampled"), slot, 1)
+            state.mark_done("sampled", slot, Outcome(8, 3 + k, 0, False, k > 0, False))
+    state.count("sampled", "total", prompts * samples)
+    shards = root / run / "sampled"
+    shards.mkdir(parents=True)
+    (shards / "w-00000.jsonl").write_bytes(b"".join(record.to_json_line() for record in records))
     return records

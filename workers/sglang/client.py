@@ -19,7 +19,7 @@ import httpx
 from workers.errors import DeadlineExceeded, ShutdownRequested, StreamCut, TransientError
 from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.sglang.generate_stream import StreamAssembler
-from workers.sglang.server_info import ServerInfo
+from workers.sglang.server_info import ModelIdentity, ServerInfo
 from workers.sglang.wire_errors import http_error, transport_errors
 
 if TYPE_CHECKING:
@@ -93,6 +93,10 @@ class SglangClient:
 
     def model_name(self, upstream: str) -> str:
         return self.servers.model_name(upstream)
+
+    def model_identity(self, upstream: str) -> ModelIdentity:
+        """Name, revision and weight version as the upstream reports them, cached per upstream."""
+        return self.servers.model_identity(upstream)
 
     def generate(self, upstream: str, body: dict[str, Any], *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:
