@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint bench install redis-server chromium sample-data clean oracle
+.PHONY: demo test test-fast lint bench install redis-server chromium prometheus sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,13 +36,27 @@ chromium:
 	    echo "chromium is missing (run 'sudo apt-get install chromium chromium-driver'): the Flower browser test will skip" >&2; \
 	  fi; }
 
+# Debian's prometheus (2.42 on bookworm), for the test that has a real Prometheus scrape a run and
+# evaluate every dashboard and KEDA query (tests/e2e/test_prometheus_scrape.py). Best effort, as for
+# chromium: where it cannot be installed that test skips and says why. Only the binary is used (the
+# test runs its own on a free port); where systemd runs, the package also starts its own service.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing prometheus (Debian package)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+	      || echo "could not install prometheus: the Prometheus scrape test will skip" >&2; \
+	  else \
+	    echo "prometheus is missing (run 'sudo apt-get install prometheus'): the Prometheus scrape test will skip" >&2; \
+	  fi; }
+
 # The fast tier: tests/unit/ starts nothing but a redis-server (where Redis itself is the subject);
 # well under a minute.
 test-fast: install redis-server
 	$(PY) -m pytest tests/unit
 
 # Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files).
-test: install redis-server chromium test-fast
+test: install redis-server chromium prometheus test-fast
 	$(PY) -m pytest tests/e2e
 
 # A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
@@ -50,8 +64,10 @@ test: install redis-server chromium test-fast
 bench: install redis-server
 	$(PY) bench/run.py
 
+# `genfleet demo`, as from an installed package (`pip install .`); its options (`genfleet demo --help`)
+# go in DEMO_ARGS, e.g. `make demo DEMO_ARGS="--scale 0.1 --hold"`.
 demo: install redis-server
-	$(PY) -m genfleet.demo
+	$(VENV)/bin/genfleet demo $(DEMO_ARGS)
 
 sample-data: install
 	$(PY) examples/make_sample_data.py

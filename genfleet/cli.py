@@ -1,8 +1,13 @@
 """The `genfleet` console script: gathers the commands each part contributes."""
 from __future__ import annotations
 
+from importlib.metadata import version
+from typing import Annotated
+
 import typer
 
+from genfleet.demo import demo_command
+from genfleet.doctor.command import doctor_command
 from genfleet.export.cli import export_command
 from genfleet.failures import failures_command, requeue_command
 from genfleet.status.command import status_command
@@ -10,7 +15,9 @@ from producer.cli import enqueue_command
 from sim.cli import sim_command
 from workers.cli import flower_command, worker_command
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# typer's --install-completion and --show-completion (add_completion is on by default; typer 0.29
+# typer/completion.py): bash, zsh, fish, PowerShell, the shell found among the parent processes.
+app = typer.Typer(no_args_is_help=True,
                   help="Run large prompt datasets through SGLang servers as a Celery fleet.")
 app.command("enqueue")(enqueue_command)
 app.command("worker")(worker_command)
@@ -20,6 +27,23 @@ app.command("flower")(flower_command)
 app.command("failures")(failures_command)
 app.command("requeue")(requeue_command)
 app.command("export")(export_command)
+app.command("doctor")(doctor_command)
+app.command("demo")(demo_command)
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        # The installed distribution's version (pyproject.toml's), not a constant kept by hand.
+        typer.echo(f"genfleet {version('genfleet')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print genfleet's version and exit.")] = False,
+) -> None:
+    pass
 
 
 def main() -> None:

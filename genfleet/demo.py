@@ -1,12 +1,16 @@
-"""`make demo`: the whole pipeline on one box against the simulator, with Flower.
+"""`genfleet demo` (and `make demo`): the whole pipeline on one box against the simulator.
 
-Starts redis-server (own port, temp dir), the simulator, a short and a long worker and Flower,
-enqueues the bundled sample data, shows live progress and ends with a per-dataset summary.
-Ctrl-C stops every process it started.
+Starts redis-server (own port, temp dir), the simulator, a short and a long worker and (unless
+`--no-flower`) Flower, enqueues the bundled sample data (`genfleet/sample_data.py`), shows live
+progress and ends with a per-run summary. Ctrl-C stops every process it started.
+
+It runs from an installed package as well as from the repository: everything it needs is package
+data (the simulator's model in `sim/model/`, the Lua scripts in `common/`) or a child process of
+this same interpreter (`python -m genfleet ...`); the working directory is the user's (`--workdir`,
+`./.demo` by default). redis-server is the one program it needs from outside.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import shutil
@@ -17,18 +21,103 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import redis
+import typer
 from rich.live import Live
 
+from genfleet.sample_data import dataset_args, write_datasets
 from genfleet.status.read_model import read_status
 from genfleet.status.render import render, wide_console
 from genfleet.status.snapshot import RunStatus
+from sim.vocab import DEFAULT_TOKENIZER_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-TOKENIZER = REPO / "sim" / "model"
 console = wide_console()
+REDIS_MISSING = ("genfleet demo: redis-server is not on PATH; install it (Debian/Ubuntu: "
+                 "`sudo apt-get install redis-server`, macOS: `brew install redis`) and retry")
+
+
+class DemoError(Exception):
+    """A process of the demo's did not come up or died; the message says which and where its log is."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    workdir: Path
+    scale: float
+    flower_port: int | None  # None: no Flower
+    hold: bool
+    sim_rate: float = 100.0
+
+
+def demo_command(
+    workdir: Annotated[Path, typer.Option(help="Sample data, shards and logs")] = Path(".demo"),
+    scale: Annotated[float, typer.Option(
+        min=0.0, help="Sample data size: 1.0 is 1,450 prompts (~1.5 min on 2 cores); 0.02 is 29")] = 1.0,
+    flower: Annotated[bool, typer.Option(help="Start Flower (behind basic auth) beside the fleet")] = True,
+    flower_port: Annotated[int, typer.Option(help="Flower's port")] = 5555,
+    hold: Annotated[bool, typer.Option(help="Keep everything running after the run, until Ctrl-C")] = False,
+    sim_rate: Annotated[float, typer.Option(
+        min=0.001, help="The simulator's decode tokens/s of a lone request; 2000 makes a quick run")] = 100.0,
+) -> None:
+    """The whole pipeline on one box: redis-server, the simulator, a short and a long worker and
+    Flower, on the bundled sample data; live progress, then a summary. Needs redis-server on PATH."""
+    if shutil.which("redis-server") is None:
+        typer.echo(REDIS_MISSING, err=True)
+        raise typer.Exit(1)
+    options = DemoOptions(workdir, scale, flower_port if flower else None, hold, sim_rate)
+    try:
+        run_demo(options)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        raise typer.Exit(130) from None
+    except DemoError as error:
+        typer.echo(f"genfleet demo: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+def run_demo(options: DemoOptions) -> None:
+    workdir = options.workdir.resolve()
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    redis_port, sim_port = free_port(), free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    run = time.strftime("demo-%Y%m%d-%H%M%S")
+    # Flower runs only behind basic auth (docs/running.md): the demo makes a password unless given one.
+    flower_auth = os.environ.get("GENFLEET_FLOWER_AUTH") or f"demo:{secrets.token_hex(8)}"
+    env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
+           # The demo's records are small: a laptop with little free disk still runs it.
+           "GENFLEET_MIN_FREE_DISK_MB": "16",
+           "GENFLEET_FLOWER_AUTH": flower_auth, "PYTHONUNBUFFERED": "1"}
+    datasets = dataset_args(write_datasets(workdir / "data", scale=options.scale))
+
+    processes = Processes(logs, env)
+    with ExitStack() as stack:
+        stack.callback(processes.stop_all)
+        client = _start_redis(processes, stack, redis_port, redis_url)
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        metrics_ports = _start_fleet(processes, sim_port, sim_url, options)
+        flower = (f"Flower http://127.0.0.1:{options.flower_port} (user:password {flower_auth})"
+                  if options.flower_port else "no Flower")
+        console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · {flower} · logs {logs}")
+        console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
+                                                  for pool, port in metrics_ports.items()))
+
+        # Its own session, as every child: Ctrl-C reaches the demo alone, and `run` kills it on the way out.
+        enqueue = subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(DEFAULT_TOKENIZER_DIR),
+                                          *datasets), env=env, start_new_session=True)
+        if enqueue.returncode != 0:
+            raise DemoError(f"genfleet enqueue exited ({enqueue.returncode}); its error is above")
+        status, elapsed = _show_progress_until_finished(client, run, processes)
+        _print_summary(status, elapsed, workdir / "output" / run)
+        if options.hold:
+            console.print((f"{flower} · " if options.flower_port else "") + "Ctrl-C to stop")
+            while True:
+                processes.check_alive()
+                time.sleep(1)
 
 
 def free_port() -> int:
@@ -54,18 +143,25 @@ class Processes:
     def check_alive(self) -> None:
         for name, process in self.children:
             if process.poll() is not None:
-                raise RuntimeError(f"{name} exited ({process.returncode}); see {self.logs / (name + '.log')}")
+                raise DemoError(f"{name} exited ({process.returncode}); see {self.logs / (name + '.log')}")
 
     def stop_all(self) -> None:
-        for _, process in reversed(self.children):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for _, process in reversed(self.children):
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        """Everything else first, together; Redis last: a worker shutting down still acks, releases
+        its leases and closes its shards (renames the `.open` files) through it."""
+        _stop([process for name, process in self.children if name != "redis"])
+        _stop([process for name, process in self.children if name == "redis"])
+
+
+def _stop(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def wait_for(check, what: str, timeout: float = 60.0) -> None:
@@ -74,71 +170,17 @@ def wait_for(check, what: str, timeout: float = 60.0) -> None:
         try:
             if check():
                 return
+        except DemoError:
+            raise
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.2)
-    raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
+    raise DemoError(f"{what} did not come up within {timeout:.0f} s")
 
 
 def genfleet(*args: str) -> list[str]:
+    """A genfleet command run by this same interpreter: the installed package's, wherever it is."""
     return [sys.executable, "-m", "genfleet", *args]
-
-
-def main() -> None:
-    args = _parse_args()
-    if shutil.which("redis-server") is None:
-        sys.exit("redis-server is missing: `sudo apt-get install redis-server` (make demo does it as root)")
-    workdir = args.workdir.resolve()
-    logs = workdir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    redis_port, sim_port = free_port(), free_port()
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    run = time.strftime("demo-%Y%m%d-%H%M%S")
-    # Flower runs only behind basic auth (docs/running.md): the demo makes a password unless given one.
-    flower_auth = os.environ.get("GENFLEET_FLOWER_AUTH") or f"demo:{secrets.token_hex(8)}"
-    env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
-           # The demo's records are small: a laptop with little free disk still runs it.
-           "GENFLEET_MIN_FREE_DISK_MB": "16",
-           "GENFLEET_FLOWER_AUTH": flower_auth, "PYTHONUNBUFFERED": "1"}
-    datasets = _sample_datasets(workdir / "data", args.scale)
-
-    processes = Processes(logs, env)
-    with ExitStack() as stack:
-        stack.callback(processes.stop_all)
-        client = _start_redis(processes, stack, redis_port, redis_url)
-        sim_url = f"http://127.0.0.1:{sim_port}"
-        metrics_ports = _start_fleet(processes, sim_port, sim_url, args.flower_port)
-        console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · "
-                      f"Flower http://127.0.0.1:{args.flower_port} (user:password {flower_auth}) · logs {logs}")
-        console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
-                                                  for pool, port in metrics_ports.items()))
-
-        subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *datasets),
-                       env=env, check=True)
-        status, elapsed = _show_progress_until_finished(client, run, processes)
-        _print_summary(status, elapsed, workdir / "output" / run)
-        if args.hold:
-            console.print(f"Flower: http://127.0.0.1:{args.flower_port} · Ctrl-C to stop")
-            while True:
-                processes.check_alive()
-                time.sleep(1)
-
-
-def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Run the genfleet pipeline on sample data.")
-    parser.add_argument("--workdir", type=Path, default=REPO / ".demo", help="data, shards and logs")
-    parser.add_argument("--flower-port", type=int, default=5555)
-    parser.add_argument("--scale", type=float, default=1.0, help="sample data size multiplier")
-    parser.add_argument("--hold", action="store_true", help="keep everything running until Ctrl-C")
-    return parser.parse_args()
-
-
-def _sample_datasets(directory: Path, scale: float) -> list[str]:
-    """Writes the bundled sample data and returns its `genfleet enqueue` dataset arguments."""
-    # examples/ is not a package: its sample-data script is imported from its own folder.
-    sys.path.insert(0, str(REPO / "examples"))
-    from make_sample_data import dataset_args, write_datasets
-    return dataset_args(write_datasets(directory, scale=scale))
 
 
 def _start_redis(processes: Processes, stack: ExitStack, port: int, url: str) -> redis.Redis:
@@ -153,18 +195,24 @@ def _start_redis(processes: Processes, stack: ExitStack, port: int, url: str) ->
     return client
 
 
-def _start_fleet(processes: Processes, sim_port: int, sim_url: str, flower_port: int) -> dict[str, int]:
-    """The simulator, a short and a long worker and Flower, up once both workers say `ready.`;
-    returns each pool's Prometheus port."""
-    processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1", "--rate", "100"))
+def _start_fleet(processes: Processes, sim_port: int, sim_url: str, options: DemoOptions) -> dict[str, int]:
+    """The simulator, a short and a long worker and Flower (unless `--no-flower`), up once both
+    workers say `ready.`; returns each pool's Prometheus port."""
+    processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1",
+                                     "--rate", str(options.sim_rate)))
     metrics_ports = {"short": free_port(), "long": free_port()}
     for pool, port in metrics_ports.items():
         processes.start(f"worker-{pool}", *genfleet("worker", "--pool", pool, "--upstream", sim_url,
                                                     "--metrics-port", str(port)))
-    processes.start("flower", *genfleet("flower", "--port", str(flower_port)))
+    if options.flower_port is not None:
+        processes.start("flower", *genfleet("flower", "--port", str(options.flower_port)))
     logs = processes.logs
-    wait_for(lambda: "ready." in (logs / "worker-short.log").read_text()
-             and "ready." in (logs / "worker-long.log").read_text(), "the workers")
+
+    def workers_ready() -> bool:
+        processes.check_alive()  # a worker that died says so now, not after the timeout
+        return all("ready." in (logs / f"worker-{pool}.log").read_text() for pool in metrics_ports)
+
+    wait_for(workers_ready, "the workers")
     return metrics_ports
 
 
@@ -193,8 +241,5 @@ def _print_summary(status: RunStatus, elapsed: float, shards: Path) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        console.print("stopped")
-        sys.exit(130)
+    # `python -m genfleet.demo`, as the README said before `genfleet demo` existed.
+    typer.run(demo_command)

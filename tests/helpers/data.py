@@ -1,14 +1,11 @@
 """Input datasets the tests write: JSONL rows, numbered prompts, and the bundled sample data."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterable
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 
-from helpers.paths import EXAMPLES
+from genfleet.sample_data import dataset_args, write_datasets
 
 
 def write_jsonl(path: Path, rows: Iterable[dict | str]) -> Path:
@@ -28,17 +25,7 @@ def write_prompts(path: Path, count: int, words: str = "a question", extra: Iter
     return write_jsonl(path, [{"prompt": prompt} for prompt in prompts])
 
 
-@cache
-def _sample_data() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_sample_data", EXAMPLES / "make_sample_data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def sample_dataset_args(directory: Path, scale: float) -> list[str]:
     """Writes the bundled sample datasets (`make sample-data`, B1_glaive … B8_sweagent) at `scale`
     into `directory`; returns their `name=path[:partition]` arguments for `genfleet enqueue`."""
-    sample = _sample_data()
-    return sample.dataset_args(sample.write_datasets(directory, scale=scale))
+    return dataset_args(write_datasets(directory, scale=scale))
