@@ -1,9 +1,29 @@
--- Settles a row (RunState.mark_done / mark_skipped): sets its done bit and adds to the dataset's
--- counters only the first time, so a task run twice (a worker died after writing, before acking)
--- is never counted twice. KEYS: done bitmap, counters hash. ARGV: row, then (counter, amount) pairs.
+-- Settles a row (RunState.mark_done / mark_skipped): sets its done bit and, only the first time,
+-- adds to the dataset's counters and applies the row's other updates (its rate bucket, length
+-- histogram, activity: common/rates.py `completion_updates`), so a task run twice (a worker died
+-- after writing, before acking) is never counted twice, and a finished prompt costs one round trip.
+-- KEYS: done bitmap, counters hash, then the keys the updates name.
+-- ARGV: row, the number of counter pairs, (counter, amount) pairs, then updates of four values:
+-- command, index into KEYS, field, value (EXPIRE: the value is the seconds; the field is unused).
 -- Replies with the bit's old value.
 local old = redis.call('SETBIT', KEYS[1], ARGV[1], 1)
 if old == 0 then
-  for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
+  local pairs = tonumber(ARGV[2])
+  local i = 3
+  for _ = 1, pairs do
+    redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+  while i <= #ARGV do
+    local command, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
+    if command == 'EXPIRE' then
+      redis.call('EXPIRE', key, ARGV[i + 3])
+    elseif command == 'HINCRBY' or command == 'HINCRBYFLOAT' or command == 'HSET' or command == 'HSETNX' then
+      redis.call(command, key, ARGV[i + 2], ARGV[i + 3])
+    else
+      return redis.error_reply('mark_done: unknown update ' .. tostring(command))
+    end
+    i = i + 4
+  end
 end
 return old

@@ -1,8 +1,9 @@
 """Live statistics of a run: per-minute rate buckets (prompts, tokens, request seconds, failed
 attempts per dataset and partition), completion-length histograms and when the run last made progress.
 
-Workers write them with one pipelined round trip per finished prompt (`record_completion`) or
-failed attempt (`record_failure`); `genfleet status` reads them (`read_rates`, `read_lengths`).
+Workers write a finished prompt's in the script that settles its row (`completion_updates`, applied
+by `RunState.mark_done`: once per row, no extra round trip) and a failed attempt's with one pipelined
+round trip (`record_failure`); `genfleet status` reads them (`read_rates`, `read_lengths`).
 Memory stays bounded: rate buckets expire after two hours, histograms are a few hundred bytes.
 """
 from __future__ import annotations
@@ -16,27 +17,49 @@ import redis
 from common.keys import RATE_BUCKET_TTL_S, RunKeys
 from common.length_histogram import LengthHistogram, bucket_of
 
+# One write of a settled row besides its counters: (command, key, field, value); see
+# common/mark_done.lua for the commands it takes.
+KeyUpdate = tuple[str, str, str, int | float | str]
+
 # The windows `status` shows: last minute and last ten minutes.
 WINDOWS_S = (60, 600)
 _BUCKET_S = 60
 
 
-def record_completion(client: redis.Redis, run: str, dataset: str, partition: str, completion_tokens: int,
-                      seconds: float = 0.0, now: float | None = None) -> None:
-    """A finished prompt: `seconds` is how long its requests ran (for one stream's decode speed)."""
+def completion_updates(run: str, dataset: str, partition: str, completion_tokens: int, seconds: float = 0.0,
+                       now: float | None = None) -> list[KeyUpdate]:
+    """What a finished prompt adds: to this minute's rate bucket, the length histogram, the
+    partition's done count and the run's activity, as (command, key, field, value). Workers apply
+    them in the script that sets the row's done bit (`RunState.mark_done`): once per row, in the
+    same round trip. `seconds` is how long its requests ran (for one stream's decode speed)."""
     now = time.time() if now is None else now
     keys = RunKeys(run)
     bucket = keys.rate_bucket(int(now // _BUCKET_S))
-    pipe = client.pipeline(transaction=False)
-    pipe.hincrby(bucket, _field("req", partition, dataset), 1)
-    pipe.hincrby(bucket, _field("tok", partition, dataset), completion_tokens)
+    updates: list[KeyUpdate] = [
+        ("HINCRBY", bucket, _field("req", partition, dataset), 1),
+        ("HINCRBY", bucket, _field("tok", partition, dataset), completion_tokens),
+    ]
     if seconds > 0:
-        pipe.hincrbyfloat(bucket, _field("sec", partition, dataset), round(seconds, 3))
-    pipe.expire(bucket, RATE_BUCKET_TTL_S)
-    pipe.hincrby(keys.lengths(dataset), bucket_of(completion_tokens), 1)
-    pipe.hincrby(keys.partition_done, f"{partition}:{dataset}", 1)
-    pipe.hsetnx(keys.activity, "first", now)
-    pipe.hset(keys.activity, "last", now)
+        updates.append(("HINCRBYFLOAT", bucket, _field("sec", partition, dataset), round(seconds, 3)))
+    return updates + [
+        ("EXPIRE", bucket, "", RATE_BUCKET_TTL_S),
+        ("HINCRBY", keys.lengths(dataset), bucket_of(completion_tokens), 1),
+        ("HINCRBY", keys.partition_done, f"{partition}:{dataset}", 1),
+        ("HSETNX", keys.activity, "first", now),
+        ("HSET", keys.activity, "last", now),
+    ]
+
+
+def record_completion(client: redis.Redis, run: str, dataset: str, partition: str, completion_tokens: int,
+                      seconds: float = 0.0, now: float | None = None) -> None:
+    """`completion_updates` on their own, in one pipelined round trip (tools and tests that fill a
+    run's statistics without settling rows)."""
+    pipe = client.pipeline(transaction=False)
+    for command, key, field, value in completion_updates(run, dataset, partition, completion_tokens, seconds, now):
+        if command == "EXPIRE":
+            pipe.expire(key, int(value))
+        else:
+            pipe.execute_command(command, key, field, value)
     pipe.execute()
 
 

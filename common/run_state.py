@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from common import bitmaps
+from common import bitmaps, rates
 from common.dead_letters import DeadLetter
 from common.keys import RunKeys, queue_list
 from common.records import TaskPayload
@@ -63,13 +63,9 @@ class Outcome:
 
     def increments(self) -> dict[str, int]:
         return {
-            "done": 1,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "truncated": int(self.truncated),
-            "empty_reasoning": int(self.empty_reasoning),
-            "empty_content": int(self.empty_content),
+            "done": 1, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens, "truncated": int(self.truncated),
+            "empty_reasoning": int(self.empty_reasoning), "empty_content": int(self.empty_content),
             "looped": int(self.looped), "looped_tokens": self.completion_tokens if self.looped else 0,
             "continued": int(self.continued), "regenerated": int(self.regenerated),
         }
@@ -189,18 +185,21 @@ class RunState:
     def is_done(self, dataset: str, row: int) -> bool:
         return bool(self.redis.getbit(self.keys.done(dataset), row))
 
-    def mark_done(self, dataset: str, row: int, outcome: Outcome) -> bool:
-        """Returns True if this was the first completion of the row."""
-        args: list[int | str] = [row]
-        for name, value in outcome.increments().items():
-            args += [name, value]
-        old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=args)
-        return old == 0
+    def mark_done(self, dataset: str, row: int, outcome: Outcome, updates: Sequence[rates.KeyUpdate] = ()) -> bool:
+        """Returns True if this was the first completion of the row. `updates` (its rates:
+        `rates.completion_updates`) go with the counters: once per row, in the same round trip."""
+        counters = outcome.increments()
+        keys = [self.keys.done(dataset), self.keys.counters(dataset)]
+        args: list[int | str | float] = [row, len(counters), *(part for pair in counters.items() for part in pair)]
+        for command, key, field, value in updates:
+            keys += [] if key in keys else [key]
+            args += [command, keys.index(key) + 1, field, value]
+        return self._mark_done(keys=keys, args=args) == 0
 
     def mark_skipped(self, dataset: str, row: int) -> bool:
         """A prompt that will not be generated (its dataset's token budget is spent): settled like
         a done one, so resume never re-enqueues it, but counted as skipped."""
-        old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=[row, "skipped", 1])
+        old = self._mark_done(keys=[self.keys.done(dataset), self.keys.counters(dataset)], args=[row, 1, "skipped", 1])
         return old == 0
 
     def record_dead_letter(self, payload: TaskPayload, error_class: str, message: str,

@@ -91,9 +91,10 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime,
         runtime.disk.failed(str(error))
         raise DiskUnwritable(str(error)) from error
     outcome = outcome_of(record, runtime.settings.reasoning_parser, payload.chat_template_kwargs)
-    if state.mark_done(payload.dataset, payload.row, outcome):
-        # A record written twice (a crash before the ack) is counted once, like the counters.
-        telemetry.completed(runtime, payload, record)  # rates and lengths for `status`, Prometheus
+    # One round trip: the done bit, the counters and the rates for `status`, counted once per row
+    # (a record written twice, by a crash before the ack, is counted once).
+    if state.mark_done(payload.dataset, payload.row, outcome, telemetry.completion_updates(payload, record)):
+        telemetry.completed(runtime, payload, record)  # Prometheus
     return summary(record)
 
 

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def completed(runtime: WorkerRuntime, payload: TaskPayload, record: CompletionRecord) -> None:
-    """A prompt's record is on disk: count it in this minute's rates and the length histogram."""
+    """A prompt's record is on disk and its row settled for the first time: count it in the
+    Prometheus metrics (its Redis rates went with the done bit: `completion_updates`)."""
     labels = (payload.run, payload.dataset, payload.partition, record.upstream)
     METRICS.completion_tokens.labels(*labels).inc(record.usage.completion_tokens)
     METRICS.reasoning_tokens.labels(*labels).inc(record.usage.reasoning_tokens)
@@ -45,11 +46,13 @@ def completed(runtime: WorkerRuntime, payload: TaskPayload, record: CompletionRe
         METRICS.time_to_first_token.labels(*where).observe(record.timing.first_token_s)
     METRICS.duration.labels(*where).observe(record.timing.duration_s)
     METRICS.completion_length.labels(*where).observe(record.usage.completion_tokens)
-    try:
-        rates.record_completion(runtime.run_state(payload.run).redis, payload.run, payload.dataset,
-                                payload.partition, record.usage.completion_tokens, record.timing.duration_s)
-    except redis.RedisError as error:
-        log.warning("rates of %s not recorded: %s", payload.id, error)
+
+
+def completion_updates(payload: TaskPayload, record: CompletionRecord) -> list[rates.KeyUpdate]:
+    """The finished prompt's rates and length for `status`, applied with its done bit (one round
+    trip, once per row: `RunState.mark_done`)."""
+    return rates.completion_updates(payload.run, payload.dataset, payload.partition,
+                                    record.usage.completion_tokens, record.timing.duration_s)
 
 
 def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:

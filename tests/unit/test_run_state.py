@@ -3,6 +3,7 @@ a row once and announces it once, never a row already settled; a row settles (do
 and counts once however often its task runs; rejections count once; counters read whole."""
 from __future__ import annotations
 
+from common import rates
 from common.queues import PARTITIONS, SHORT
 from common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
 
@@ -20,6 +21,21 @@ def test_a_row_counts_once_however_many_times_its_task_finishes(redis_client):
         "done": 1, "prompt_tokens": 7, "completion_tokens": 40, "reasoning_tokens": 12, "truncated": 1,
         "empty_reasoning": 0, "empty_content": 1}
     assert state.is_done("d", 9) and not state.is_done("d", 8) and state.completion_tokens("d") == 40
+
+
+def test_a_rows_rates_go_with_its_done_bit_once_however_many_times_its_task_finishes(redis_client):
+    """The rates `status` reads are written by the script that settles the row (one round trip), so a
+    task run twice adds them once, like the counters; a row already done adds nothing."""
+    state = RunState(redis_client, "r")
+    now = 1_700_000_000.0
+    updates = rates.completion_updates("r", "d", SHORT, 40, seconds=2.0, now=now)
+    assert state.mark_done("d", 9, FINISHED, updates) is True
+    assert state.mark_done("d", 9, FINISHED, updates) is False
+    bucket = state.keys.rate_bucket(int(now // 60))
+    assert sorted(float(v) for v in redis_client.hvals(bucket)) == [1.0, 2.0, 40.0]  # prompts, seconds, tokens
+    assert 0 < redis_client.ttl(bucket) <= 7200
+    assert redis_client.hget(state.keys.partition_done, f"{SHORT}:d") == b"1"
+    assert float(redis_client.hget(state.keys.activity, "first")) == now
 
 
 def test_rows_settle_in_their_own_bits_across_bitmap_bytes(redis_client):
