@@ -248,3 +248,24 @@ def affinity_figures(outcome: dict) -> list[Figure]:
             detail=f"{a['wall_s']:.1f} s vs {b['wall_s']:.1f} s; mean running {a['mean_running']:.0f} vs "
                    f"{b['mean_running']:.0f}", target="≤ 0.90×", meets=lambda v: v <= 0.9))
     return figures
+
+
+def shared_tail_figures(outcome: dict) -> list[Figure]:
+    """Two runs on one host sharing the fleet (B enqueued as A's tail begins) against one after the
+    other (bench/shared_tail.py, run once)."""
+    apart, shared = outcome["cases"]["apart"], outcome["cases"]["shared"]
+
+    def walls(case: dict) -> str:
+        return f"A {case['run_walls']['A']:.1f} s, B {case['run_walls']['B']:.1f} s"
+
+    return [
+        Figure("Wall time of two runs on one host, B enqueued as A's tail begins ÷ one after the other",
+               [outcome["wall_ratio"]], format_ratio,
+               detail=f"{shared['wall_s']:.1f} s vs {apart['wall_s']:.1f} s; each run's own: {walls(shared)} "
+                      f"sharing vs {walls(apart)} apart; 1 run"),
+        Figure("Whole-job occupancy of the two runs, sharing the fleet (mean running ÷ 150, first enqueue to "
+               "last record)", [shared["job_occupancy"]], format_percent,
+               detail=f"one after the other {format_percent(apart['job_occupancy'])}; mean running in A's tail "
+                      f"(its last {apart['a_tail_s']:.1f} s when alone): {apart['tail_mean_running']:.0f} alone, "
+                      f"{shared['tail_mean_running']:.0f} with B's prompts; 1 run"),
+    ]

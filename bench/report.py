@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from bench import shared_tail
 from bench.figures import (
     MB,
     Figure,
@@ -14,6 +15,7 @@ from bench.figures import (
     export_figures,
     format_percent,
     scaling_figures,
+    shared_tail_figures,
     throughput_figures,
     useful_token_figures,
 )
@@ -26,7 +28,8 @@ def render(results: Results) -> str:
     if results.scaling:
         lines += ["## What limits scaling on this machine", "", _scaling_limits(results), ""]
     lines += ["## How each figure is measured", ""] + _methods(results) + [""]
-    lines += ["## Every run", ""] + _runs(results) + [""]
+    tail = shared_tail.runs_table(results.shared_tail) if results.shared_tail else []
+    lines += ["## Every run", ""] + _runs(results) + tail + [""]
     return "\n".join(lines)
 
 
@@ -43,7 +46,7 @@ def _heading(results: Results) -> list[str]:
         f"- **Date**: {m.date}; **commit** {m.commit}",
         f"- **Command**: `bench/run.py --repeats {results.repeats}"
         + (" --quick" if results.quick else "")
-        + (f" --only {','.join(results.only)}" if len(results.only) < 7 else "")
+        + (f" --only {','.join(results.only)}" if len(results.only) < 8 else "")
         + f"` ({results.elapsed_s / 60:.1f} min); 1-minute load average {m.load_start[0]:.2f}{load_end} "
         "(anything above ~0.5 at the start means other work shared the CPUs: the figures are noisier)",
         "",
@@ -52,8 +55,8 @@ def _heading(results: Results) -> list[str]:
 
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
-    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing) so a number means the same figure in
-    every report."""
+    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing, 9 shared tail) so a number
+    means the same figure in every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
         speed, cost = throughput_figures(results.throughput)
@@ -70,6 +73,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("7", control_figures(results.control)))
     if results.affinity:
         sections.append(("8", affinity_figures(results.affinity)))
+    if results.shared_tail:
+        sections.append(("9", shared_tail_figures(results.shared_tail)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -210,6 +215,7 @@ def _methods(results: Results) -> list[str]:
         "per host count and routing mode (`GENFLEET_ROUTING`), fresh simulators with a prefix cache each and one "
         "worker over all of them: the prompt tokens the hosts prefilled (`/sim/stats` `prefill_tokens_computed`) "
         "and the wall time from the first enqueue to the last prompt done.",
+        "- **Shared tail (9)**: " + shared_tail.method(results.shared_tail),
         "- Every process is started fresh per run, in its own session, and stopped at the end (Ctrl-C too). "
         "Medians are over the runs; each ratio is taken within one run, then the median of the ratios.",
     ]

@@ -82,6 +82,7 @@ class Results:
     useful: list[dict] = field(default_factory=list)  # bench/useful_tokens.py, one per run
     loop_guard: dict | None = None  # bench/loop_guard.py: CPU per token and overruns, once
     affinity: dict | None = None  # bench/affinity.py: prefix-affinity vs least-busy routing, once
+    shared_tail: dict | None = None  # bench/shared_tail.py: two runs apart and sharing one host, once
     control: dict | None = None  # bench/control_plane.py: raw figures and their model, once
     control_error: str | None = None
     elapsed_s: float = 0.0
@@ -91,4 +92,4 @@ class Results:
                 "throughput": [c.to_dict() for c in self.throughput],
                 "scaling": [s.to_dict() for s in self.scaling], "enqueue": self.enqueue, "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
-                "control": self.control}
+                "control": self.control, "shared_tail": self.shared_tail}

@@ -1,13 +1,14 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
-                                  [--only throughput,scaling,enqueue,export,useful,control,affinity]
+                                  [--only throughput,scaling,enqueue,export,useful,control,affinity,tail]
                                   [--out bench/results.md]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
-scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark and the control plane's cost run
-once (each is a few minutes on its own). Every benchmark starts and stops its own redis-server,
-simulators and workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
+scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark, the control plane's cost,
+routing and the shared tail (two runs on one host, one after the other and sharing it) run once
+(each is minutes on its own). Every benchmark starts and stops its own redis-server, simulators
+and workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bench import (  # noqa: E402
     loop_guard,
     report,
     scaling,
+    shared_tail,
     standalone,
     throughput,
     useful_tokens,
@@ -34,7 +36,7 @@ from bench import (  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity")
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -68,6 +70,8 @@ def main() -> None:
             _measure_control(results)
         if "affinity" in only:
             _measure_affinity(results)
+        if "tail" in only:
+            _measure_shared_tail(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -151,6 +155,16 @@ def _measure_affinity(results: Results) -> None:
         results.affinity = affinity.compare(workload, Path(tmp))
     log("  " + ", ".join(f"{hosts} hosts: prefill {r['prefill_tokens']:.2f}x, wall {r['wall']:.2f}x"
                          for hosts, r in results.affinity["ratios"].items()))
+
+
+def _measure_shared_tail(results: Results) -> None:
+    profile = shared_tail.QUICK if results.quick else shared_tail.FULL
+    log(f"shared tail (once): {shared_tail.describe(profile)}")
+    with tempfile.TemporaryDirectory(prefix="genfleet-bench-tail-") as tmp:
+        results.shared_tail = shared_tail.compare(profile, Path(tmp))
+    apart, shared = results.shared_tail["cases"]["apart"], results.shared_tail["cases"]["shared"]
+    log(f"  one after the other {apart['wall_s']:.1f} s at {apart['job_occupancy']:.1%}, sharing the fleet "
+        f"{shared['wall_s']:.1f} s at {shared['job_occupancy']:.1%} (whole-job occupancy)")
 
 
 def _measure_control(results: Results) -> None:
