@@ -5,12 +5,30 @@
 The workload shares prefixes the way real jobs do: `--samples 4` of long prompts (each sample
 repeats its prompt) and conversations regenerated turn by turn (`--regenerate all`: each turn's
 prompt extends the previous one), two runs served by one fleet at once. Each host models SGLang's
-radix prefix cache (`genfleet sim --prefix-cache-tokens`): a prompt's cached prefix is not
-prefilled again, and prefill time is proportional to the uncached tokens.
+radix prefix cache (`genfleet sim --prefix-cache-tokens`) and its scheduler: requests are
+prefilled in FCFS batches of their uncached tokens, one batch at a time, and nobody decodes while
+a batch runs (sim/prefill_lane.py), so prefill a host's cache saves is GPU time every request gets
+back, as on SGLang.
+
+The capacity is a 70B model on one 8-GPU H200 node (TP8), estimated from the hardware:
+- prefill ~20,000 prompt tokens/s per server: ~141 GFLOP a token (2 x 70.6e9 parameters) against
+  8 x 989 TFLOP/s (bf16, dense) at ~35 % utilisation, TP8's all-reduces included: the upper end
+  of the 10-20k tokens/s such a server is usually credited with, so as not to inflate prefill's
+  share;
+- decode ~100 tok/s for a lone request (17.5 GB of weights per GPU read each step at 4.8 TB/s,
+  plus 160 all-reduces), ~75 tok/s each at 150 running (the KV cache read grows with the batch):
+  `rate / (1 + running / knee)` with knee 450, ~11,000 tok/s per server.
+Time runs 3x slower here (rates / 3: ~3,750 decode tok/s per host at 150 running, 6,667 prefill)
+so that the one worker and the simulators, sharing 2 cores, stream every token without becoming
+the bottleneck (the hosts' mean running count shows it: ~150 per host). The ratios do not depend
+on that scale. With these ~1,500-token prompts and 100-300-token completions, prefill is most of
+the GPU's time unless the cache serves the prompt: `prefill_share` (the hosts' prefill seconds
+over their wall time) shows how much; longer completions (reasoning) would make it smaller and
+affinity's wall-time gain with it.
 
 Per routing mode and host count, on fresh simulators: the prompt tokens the hosts had to prefill
 (`/sim/stats` `prefill_tokens_computed`, summed), the wall time from the first enqueue to the last
-record counted, and the hosts' mean running count over the whole job.
+record counted, the hosts' mean running count over the whole job, and their prefill share.
 """
 from __future__ import annotations
 
@@ -39,14 +57,16 @@ class Workload:
     prompt_words: int  # about one token each
     turns: int = 3
     samples: int = 4
-    # Slow enough that the GPU, not the 2-core worker, is the bottleneck: at 150 running a request
-    # decodes 200 tokens in ~7 s, and an uncached 1,500-token prompt prefills in 1.5 s.
-    rate: float = 100.0
-    prefill_rate: float = 1_000.0
+    # A 70B model on an H200 node, 3x slower (the module's docstring): at 150 running a request
+    # decodes 25 tok/s, 200 tokens in 8 s; a host prefills an uncached 1,500-token prompt in 0.22 s,
+    # a batch of 16,384 tokens in 2.5 s, while its 150 running requests wait.
+    rate: float = 100 / 3
+    knee: float = 450.0
+    prefill_rate: float = 20_000 / 3
 
     def sim_flags(self) -> list[str]:
-        return ["--rate", str(self.rate), "--knee", "64", "--length-tokens", "100:300",
-                "--prefill-rate", str(self.prefill_rate), "--prefix-cache-tokens", "2000000"]
+        return ["--rate", f"{self.rate:.2f}", "--knee", f"{self.knee:g}", "--length-tokens", "100:300",
+                "--prefill-rate", f"{self.prefill_rate:.0f}", "--prefix-cache-tokens", "2000000"]
 
     @property
     def requests(self) -> int:
@@ -59,7 +79,7 @@ class Workload:
 
 
 FULL = Workload(prompts=300, conversations=150, prompt_words=1500)
-QUICK = Workload(prompts=20, conversations=10, prompt_words=400, rate=2000.0, prefill_rate=10_000.0)
+QUICK = Workload(prompts=20, conversations=10, prompt_words=400, rate=1000.0, prefill_rate=200_000.0)
 
 
 @dataclass(frozen=True)
@@ -70,10 +90,16 @@ class RoutingResult:
     prefill_tokens: int
     prompt_tokens: int
     mean_running: float  # summed over the hosts, over the whole job
+    prefill_busy_s: float  # summed over the hosts: their prefill batches, while nobody decoded
 
     @property
     def cached_share(self) -> float:
         return 1 - self.prefill_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def prefill_share(self) -> float:
+        """The share of the hosts' time spent prefilling."""
+        return self.prefill_busy_s / (self.hosts * self.wall_s) if self.wall_s else 0.0
 
 
 def write_inputs(directory: Path, workload: Workload, seed: int = 0) -> tuple[Path, Path]:
@@ -129,7 +155,8 @@ def run_routing(workload: Workload, mode: str, hosts: int, inputs: tuple[Path, P
     return RoutingResult(mode=mode, hosts=hosts, wall_s=wall,
                          prefill_tokens=sum(s["prefill_tokens_computed"] for s in stats),
                          prompt_tokens=sum(s["prompt_tokens_total"] for s in stats),
-                         mean_running=sum(s["mean_running"] for s in stats))
+                         mean_running=sum(s["mean_running"] for s in stats),
+                         prefill_busy_s=sum(s["prefill_busy_s"] for s in stats))
 
 
 def _done(client: redis.Redis, runs: dict) -> int:
@@ -150,7 +177,8 @@ def compare(workload: Workload, workdir: Path, host_counts: tuple[int, ...] = (2
     by = {(r.mode, r.hosts): r for r in results}
     return {
         "workload": workload.describe(),
-        "results": [{**asdict(r), "cached_share": r.cached_share} for r in results],
+        "results": [{**asdict(r), "cached_share": r.cached_share, "prefill_share": r.prefill_share}
+                    for r in results],
         "ratios": {hosts: _ratios(by["affinity", hosts], by["least-busy", hosts]) for hosts in host_counts},
     }
 

@@ -14,9 +14,10 @@ status_code is no error: `_handle_abort_finish_reason`):
 - running: `FINISH_ABORT().to_json()` (`managers/schedule_batch.py`), `{"type": "abort", "message":
   "Aborted", "status_code": null, "err_type": null}`, with every token decoded so far. (SGLang runs
   one more decode pass first, "Abort method 3", and sends its token too; the sim stops at once.)
-- waiting for a slot: `{"type": "abort", "message": "Abort in waiting queue"}` and no tokens
+- waiting for a slot, or holding one but still queued for prefill (sim.prefill_lane; both are
+  SGLang's waiting queue): `{"type": "abort", "message": "Abort in waiting queue"}` and no tokens
   (`_handle_abort_req`; SGLang's meta_info then lacks prompt_tokens and the other counts, the sim's
-  has them).
+  has them). One in the prefill batch running now is running: the batch runs on without it.
 
 A client that disconnects does not free its slot at once: the request decodes on (its tokens count
 in `tokens_generated`) until SGLang notices and aborts it, counted in `aborted_requests`:
@@ -43,6 +44,7 @@ from sim.capacity import Capacity
 
 if TYPE_CHECKING:
     from sim.engine import Served
+    from sim.prefill_lane import PrefillTurn
 
 ABORTED: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORTED_WHILE_WAITING: dict[str, Any] = {"type": "abort", "message": "Abort in waiting queue"}
@@ -59,9 +61,9 @@ class Progress(Protocol):
 class RequestControl:
     """One request's slot, naps and end, which an abort or the client's leaving may cut short.
 
-    The engine takes the slot, naps through prefill and decoding, and reports the end (`end`) with
-    what it served; `abort` frees the slot at once and wakes the engine, which then sends the
-    abort's last chunk. `sent` is what the client has been written so far."""
+    The engine takes the slot, waits for its prefill batch, naps through decoding, and reports the
+    end (`end`) with what it served; `abort` frees the slot at once and wakes the engine, which
+    then sends the abort's last chunk. `sent` is what the client has been written so far."""
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class RequestControl:
         self.sent = 0
         self._sent_before_leaving = 0
         self._holds_slot = False
+        self._prefill: PrefillTurn | None = None  # while it waits for its prefill batch
         self._progress: Progress | None = None
         self._end = self._recorded = 0
         self._nap: asyncio.Future[None] | None = None
@@ -135,12 +138,19 @@ class RequestControl:
             self._capacity.record_tokens(count - self._recorded)
             self._recorded = count
 
-    async def nap(self, delay: float | None) -> None:
-        """Sleep `delay` seconds (None: until aborted), or less if an abort wakes it."""
+    async def nap(self, delay: float | None, *, until: asyncio.Future[None] | None = None) -> None:
+        """Sleep `delay` seconds (None: no limit) or until `until` is done, or less if an abort
+        wakes it."""
         if self.aborted:
             return
         woken = self._loop.create_future()
         timer = self._loop.call_later(delay, _wake, woken) if delay is not None else None
+
+        def wake(_: asyncio.Future[None]) -> None:
+            _wake(woken)
+
+        if until is not None:
+            until.add_done_callback(wake)
         self._nap = woken
         try:
             await woken
@@ -148,6 +158,17 @@ class RequestControl:
             self._nap = None
             if timer is not None:
                 timer.cancel()
+            if until is not None:
+                until.remove_done_callback(wake)
+
+    async def await_prefill(self, turn: PrefillTurn) -> None:
+        """Wait until the request's prefill batch has run (sim.prefill_lane), or less if aborted:
+        aborted while still queued, it leaves the queue as if waiting for a slot."""
+        self._prefill = turn
+        try:
+            await self.nap(None, until=turn.done)
+        finally:
+            self._prefill = None
 
     def end(self, served: Served) -> None:
         """The response's last bytes are about to go out: `on_cut` learns how many tokens the client
@@ -167,7 +188,10 @@ class RequestControl:
         if self.aborted or self.ended:
             return
         self._cancel_timer()
-        if self._holds_slot:  # running (prefill included)
+        if self._holds_slot and self._prefill is not None and self._prefill.withdraw():
+            self.abort_finish = ABORTED_WHILE_WAITING  # queued for prefill: nothing computed
+            self.release_slot()
+        elif self._holds_slot:  # running (in a prefill batch included)
             self.decoded_at_abort = self._progress.ready(self._end) if self._progress is not None else 0
             self.record_decoded(self.decoded_at_abort)
             self.abort_finish = ABORTED

@@ -1,9 +1,13 @@
 """The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
 
-Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, so one
-shared "decode clock" (tokens decoded per request since start) integrates that speed exactly as
-`running` changes; a request's progress is the clock's advance since its prefill ended. The same
-bookkeeping integrates `running` over time, which gives an exact time-weighted mean occupancy.
+Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, except
+while a prefill batch has the GPU (sim.prefill_lane: `pause_decoding`), when nobody decodes, as in
+SGLang 0.5.23's scheduler without `--enable-mixed-chunk`. So one shared "decode clock" (tokens
+decoded per request since start) integrates that piecewise-constant speed exactly as `running`
+changes and pauses begin and end; a request's progress is the clock's advance since its prefill
+ended. A pause's end is known when it begins, so the clock needs no call at that moment to be
+exact. The same bookkeeping integrates `running` over time, which gives an exact time-weighted mean
+occupancy.
 """
 from __future__ import annotations
 
@@ -15,12 +19,16 @@ from dataclasses import dataclass
 
 from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 
+# SGLang 0.5.23's --max-prefill-tokens default (`arg_groups/fields/schedule.py`).
+DEFAULT_MAX_PREFILL_TOKENS = 16384
+
 
 @dataclass(frozen=True)
 class CapacitySettings:
     rate: float = 100.0
     knee: float = 64.0
-    prefill_rate: float = 50_000.0
+    prefill_rate: float = 50_000.0  # prompt tokens/s of the server's prefill (sim.prefill_lane)
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS  # uncached tokens in one prefill batch
     max_running: int | None = None
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.prefix_cache)
     page_size: int = DEFAULT_PAGE_SIZE  # the prefix cache's granularity, in tokens
@@ -44,6 +52,9 @@ class CapacityStats:
     prompt_tokens_total: int
     cached_tokens_total: int
     prefill_tokens_computed: int
+    # Prefill batches run, and the seconds they took, during which nobody decoded (sim.prefill_lane).
+    prefill_batches: int
+    prefill_busy_s: float
     uptime_s: float
 
 
@@ -55,6 +66,7 @@ class Capacity:
         self._clock = clock
         self._started_at = self._last = clock()
         self._decoded = self._running_area = 0.0
+        self._paused_until: float | None = None  # the end of the prefill batch running now
         self.running = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self.reset_stats()
@@ -62,8 +74,9 @@ class Capacity:
     # -- decode clock -------------------------------------------------------------------------
 
     def decode_rate(self) -> float:
-        """Tokens/s of each running request right now."""
-        return self.settings.rate / (1.0 + self.running / self.settings.knee)
+        """Tokens/s of each running request right now: none while a prefill batch runs."""
+        self._advance()
+        return 0.0 if self._paused_until is not None else self._speed()
 
     def progress(self) -> float:
         """Tokens each running request has decoded since the server started (a shared clock)."""
@@ -71,12 +84,22 @@ class Capacity:
         return self._decoded
 
     def seconds_until(self, progress: float) -> float:
-        """When the decode clock reaches `progress`, if `running` stays as it is."""
-        return max(0.0, (progress - self.progress()) / self.decode_rate())
+        """When the decode clock reaches `progress`, if `running` stays as it is and no further
+        prefill batch starts: the rest of the running batch's pause, then decoding. A waiter wakes
+        and re-checks; one woken early by a later pause simply sleeps again."""
+        now = self._advance()
+        remaining = progress - self._decoded
+        if remaining <= 0:
+            return 0.0
+        paused = self._paused_until - now if self._paused_until is not None else 0.0
+        return paused + remaining / self._speed()
 
-    def prefill_seconds(self, uncached_tokens: int) -> float:
-        """The prefill of a prompt's tokens not found in the prefix cache (only those are computed)."""
-        return uncached_tokens / self.settings.prefill_rate
+    def pause_decoding(self, seconds: float) -> None:
+        """Stop the decode clock for `seconds` from now: a prefill batch has the GPU."""
+        now = self._advance()
+        self._paused_until = now + seconds
+        self._prefill_batches += 1
+        self._prefill_busy_s += seconds
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -143,6 +166,8 @@ class Capacity:
             prompt_tokens_total=self._prompt_tokens,
             cached_tokens_total=self._cached_tokens,
             prefill_tokens_computed=self._prompt_tokens - self._cached_tokens,
+            prefill_batches=self._prefill_batches,
+            prefill_busy_s=self._prefill_busy_s,
             uptime_s=now - self._started_at,
         )
 
@@ -154,6 +179,7 @@ class Capacity:
         self._aborted_requests = 0
         self._tokens_generated = 0
         self._prompt_tokens = self._cached_tokens = 0
+        self._prefill_batches, self._prefill_busy_s = 0, 0.0
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -167,12 +193,22 @@ class Capacity:
         self._requests_started += 1
         self._peak_running = max(self._peak_running, self.running)
 
+    def _speed(self) -> float:
+        """Tokens/s of each running request while decoding."""
+        return self.settings.rate / (1.0 + self.running / self.settings.knee)
+
     def _advance(self) -> float:
-        """Integrate decode progress and occupancy up to now; `running` is constant since `_last`."""
+        """Integrate decode progress and occupancy up to now; `running` is constant since `_last`,
+        and decoding stood still from `_last` until `_paused_until` (if set)."""
         now = self._clock()
         elapsed = now - self._last
         if elapsed > 0:
-            self._decoded += elapsed * self.decode_rate()
+            decoding = elapsed
+            if self._paused_until is not None:
+                decoding = max(0.0, now - max(self._last, self._paused_until))
+                if now >= self._paused_until:
+                    self._paused_until = None
+            self._decoded += decoding * self._speed()
             self._running_area += elapsed * self.running
             self._last = now
         return now

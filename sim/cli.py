@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from sim.capacity import CapacitySettings
+from sim.capacity import DEFAULT_MAX_PREFILL_TOKENS, CapacitySettings
 from sim.chunking import DecodeSteps
 from sim.cli_options import (
     DEFAULT_LOOP_PERIOD,
@@ -19,7 +19,9 @@ from sim.cli_options import (
     LoopPeriod,
     LoopRate,
     LoopStart,
+    MaxPrefillTokens,
     PageSize,
+    PrefillRate,
     PrefixCacheTokens,
     token_range,
 )
@@ -50,7 +52,9 @@ def sim_settings(
     ] = DEFAULT_TOKENIZER_DIR,
     # -- capacity
     rate: Annotated[
-        float, typer.Option(min=0.001, help="Decode tokens/s of a lone request.", rich_help_panel=_CAPACITY)
+        float,
+        typer.Option(min=0.001, help="Decode tokens/s of a lone request, between prefill batches.",
+                     rich_help_panel=_CAPACITY),
     ] = 100.0,
     knee: Annotated[
         float,
@@ -60,9 +64,8 @@ def sim_settings(
             rich_help_panel=_CAPACITY,
         ),
     ] = 64.0,
-    prefill_rate: Annotated[
-        float, typer.Option(min=0.001, help="Prompt tokens/s of prefill.", rich_help_panel=_CAPACITY)
-    ] = 50_000.0,
+    prefill_rate: PrefillRate = 50_000.0,
+    max_prefill_tokens: MaxPrefillTokens = DEFAULT_MAX_PREFILL_TOKENS,
     max_running: Annotated[
         int | None,
         typer.Option(
@@ -234,7 +237,8 @@ def sim_settings(
             port=port,
             host=host,
             tokenizer_dir=tokenizer,
-            capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate, max_running=max_running,
+            capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate,
+                                      max_prefill_tokens=max_prefill_tokens, max_running=max_running,
                                       prefix_cache_tokens=prefix_cache_tokens, page_size=page_size),
             lengths=LengthModel(
                 median=length_median,

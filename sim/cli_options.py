@@ -1,5 +1,5 @@
-"""The simulator's options for loops, disconnects and the prefix cache (declared here to keep
-`sim.cli` short), and the parsing of `LO:HI` ranges."""
+"""The simulator's options for loops, disconnects, prefill and the prefix cache (declared here to
+keep `sim.cli` short), and the parsing of `LO:HI` ranges."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -52,13 +52,34 @@ DisconnectAbortS = Annotated[
     ),
 ]
 
+PrefillRate = Annotated[
+    float,
+    typer.Option(
+        min=0.001,
+        help="Prompt tokens/s of the server's prefill. Requests are prefilled in batches, one at a time "
+        "(FCFS, up to --max-prefill-tokens uncached tokens), each taking its uncached tokens / this rate; "
+        "while a batch runs no request decodes, as in SGLang without --enable-mixed-chunk.",
+        rich_help_panel=CAPACITY_PANEL,
+    ),
+]
+MaxPrefillTokens = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Uncached prompt tokens in one prefill batch, like SGLang's --max-prefill-tokens: a batch takes "
+        "waiting requests in order and ends at the first that would reach it (the first always goes). "
+        "SGLang's chunked prefill (8192 tokens on an H200) is not modelled: give 8192 to bound batches alike.",
+        rich_help_panel=CAPACITY_PANEL,
+    ),
+]
 PrefixCacheTokens = Annotated[
     int,
     typer.Option(
         min=0,
         help="Tokens of SGLang's radix prefix cache on this host (0: none). A request's cached prefix "
-        "(meta_info cached_tokens) is not prefilled again: prefill takes (prompt - cached) / --prefill-rate. "
-        "Prompts are cached after their prefill, prompt + output as requests end; least recently used "
+        "(meta_info cached_tokens), matched as its prefill batch forms, is not prefilled again: the batch "
+        "takes its uncached tokens / --prefill-rate. Prompts are cached as their batch ends (two requests "
+        "with one prompt in one batch both miss), prompt + output as requests end; least recently used "
         f"leaves are evicted. Default {DEFAULT_PREFIX_CACHE_TOKENS:,} (a big GPU's KV pool).",
         rich_help_panel=CAPACITY_PANEL,
     ),

@@ -1,4 +1,8 @@
-"""One request's generated-token count, read off the shared decode clock (sim.capacity), and its naps."""
+"""One request's generated-token count, read off the shared decode clock (sim.capacity), and its naps.
+
+The clock stands still while a prefill batch runs (sim.prefill_lane), so a request's tokens come
+out later when other requests are prefilled; a nap is the clock's own estimate, re-checked on waking.
+"""
 from __future__ import annotations
 
 import math
@@ -22,7 +26,8 @@ class DecodeClock:
         return min(limit, math.floor(self._capacity.progress() - self._origin + 1e-9))
 
     async def sleep_until(self, count: int) -> None:
-        """Sleep until `count` tokens are due if `running` holds, but at least a tick: waking per
-        token would burn the CPU the clients need. The caller re-reads `ready` on waking; an abort
-        or the client's leaving wakes it early (`RequestControl.nap`)."""
+        """Sleep until `count` tokens are due if `running` holds and no further prefill batch
+        starts (the running one's pause counted), but at least a tick: waking per token would burn
+        the CPU the clients need. The caller re-reads `ready` on waking; an abort or the client's
+        leaving wakes it early (`RequestControl.nap`)."""
         await self._control.nap(max(self._tick, self._capacity.seconds_until(self._origin + count)))

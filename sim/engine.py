@@ -1,5 +1,6 @@
-"""The simulated scheduler: one request's slot, prefill of what the prefix cache lacks
-(sim.prefix_cache), paced decode, chunk cadence, fault and abort (sim.aborts)."""
+"""The simulated scheduler: one request's slot, its turn in the server's prefill lane, which
+prefills what the prefix cache lacks (sim.prefill_lane, sim.prefix_cache), paced decode, chunk
+cadence, fault and abort (sim.aborts)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -12,6 +13,7 @@ from sim.chunking import DecodeSteps
 from sim.completion import CompletionPlan
 from sim.decode_clock import DecodeClock
 from sim.faults import Corruption, Fault, FaultKind
+from sim.prefill_lane import PrefillLane
 from sim.prefix_cache import PrefixCache
 from sim.wire import DONE, abort_finish
 
@@ -104,6 +106,7 @@ class Engine:
         self.capacity = capacity
         self.tick = tick
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
+        self.prefill_lane = PrefillLane(capacity, self.prefix_cache)
 
     async def run(self, generation: Generation, out: Responder, control: RequestControl) -> None:
         """Serve one generation to its finish, its fault, or its abort (`control`, which frees the
@@ -114,8 +117,7 @@ class Engine:
         prefilled = False
         if await control.take_slot():
             try:
-                await self._prefill(generation, control)
-                prefilled = True
+                prefilled = await self._prefill(generation, control)
                 if not control.aborted:
                     clock = DecodeClock(self.capacity, self.tick, control)
                     control.start_decoding(clock, generation.end)
@@ -124,19 +126,21 @@ class Engine:
             finally:
                 control.release_slot()
         if control.aborted:
-            if prefilled:  # one aborted while waiting computed nothing
+            if prefilled:  # one aborted while waiting (for a slot or a batch) computed nothing
                 self._cache_computed(generation, control.decoded)
             await _end_aborted(generation, out, control)
 
-    async def _prefill(self, generation: Generation, control: RequestControl) -> None:
-        """Prefill the prompt's tokens the prefix cache lacks, then cache the prompt, as SGLang
-        checkpoints it after the prefill (sim.prefix_cache). An abort cuts the nap short, but the
-        prompt is cached all the same: SGLang finishes the forward pass the request is in."""
-        cached = self.prefix_cache.match(generation.prompt_ids)
-        generation.frames.cached_tokens = cached
-        self.capacity.record_prefill(generation.prompt_tokens, cached)
-        await control.nap(self.capacity.prefill_seconds(generation.prompt_tokens - cached))
-        self.prefix_cache.insert(generation.prompt_ids)
+    async def _prefill(self, generation: Generation, control: RequestControl) -> bool:
+        """Wait for the request's prefill batch to run (sim.prefill_lane), which caches its prompt
+        as it ends; True if a batch took it. An abort cuts the wait short; one in the running batch
+        is cached all the same (SGLang finishes the forward pass the request is in)."""
+        turn = self.prefill_lane.submit(generation.prompt_ids, generation.prompt_tokens)
+        try:
+            await control.await_prefill(turn)
+        finally:
+            turn.withdraw()  # cancelled while queued: leave the queue (a no-op once batched)
+        generation.frames.cached_tokens = turn.cached_tokens
+        return turn.batched
 
     def _cache_computed(self, generation: Generation, decoded: int) -> None:
         """Cache what a request that ends after `decoded` tokens computed KV for: its prompt and

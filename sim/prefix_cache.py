@@ -3,14 +3,15 @@ that routing requests that share a prefix to one host can be measured.
 
 What SGLang does, and the sim after it:
 
-- Lookup (`Req.init_next_round_input`, `managers/schedule_batch.py`): when a request is scheduled
-  for prefill, the longest cached prefix of its ids is its `cached_tokens`, capped at
-  `len(ids) - 1` (`_compute_max_prefix_len`: the last token is always prefilled, for its logits),
-  then page-aligned down (`RadixKey.page_aligned`). A lookup refreshes the recency of what it
+- Lookup (`Req.init_next_round_input`, `managers/schedule_batch.py`): when a prefill batch takes
+  a request (sim.prefill_lane), the longest cached prefix of its ids is its `cached_tokens`,
+  capped at `len(ids) - 1` (`_compute_max_prefix_len`: the last token is always prefilled, for its
+  logits), then page-aligned down (`RadixKey.page_aligned`). A lookup refreshes the recency of what it
   matched. Only the uncached tokens are prefilled.
 - Insert after prefill (`checkpoint_kv_cache`, `mem_cache/common.py`, called for a request that
   did not finish in its prefill, `managers/scheduler_components/batch_result_processor.py`): the
-  prompt, so that a request scheduled once the first's prefill is done finds it.
+  prompt, as its batch ends, so that a request in a later batch finds it (one in the same batch
+  does not).
 - Insert at the end (`release_kv_cache(req, tree_cache, checkpoint=True)`, `mem_cache/common.py`,
   for a request finished or aborted while running): `origin_input_ids + output_ids` up to the KV
   the request computed (`Req.owned_kv_len`: `kv_committed_len`), that is every output id but the

@@ -120,7 +120,8 @@ class SimSettings:
             else f"length median {lengths.median:g} mean {lengths.mean:g} x{lengths.scale:g}"
         )
         return (
-            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, {cache}, {length}, "
+            f"rate {capacity.rate:g} tok/s, knee {capacity.knee:g}{running}, prefill {capacity.prefill_rate:g} "
+            f"tok/s in batches of {capacity.max_prefill_tokens}, {cache}, {length}, "
             f"{'incremental' if self.incremental else 'cumulative'} stream every {self.stream_interval}, "
             f"{self.steps.describe()}, reasoning {self.reasoning_format}, seed {self.seed}, "
             f"context {self.context_length}, {self.loops.describe()}, "

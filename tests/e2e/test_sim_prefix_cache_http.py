@@ -1,6 +1,6 @@
 """The simulator's prefix cache over real HTTP: a repeated prompt reports its cached tokens, is not
-prefilled again (its first token comes sooner) and the stats count one prefill; /flush_cache
-empties the cache."""
+prefilled again (its first token comes sooner, its prefill batch is shorter) and the stats count
+one prefill; /flush_cache empties the cache."""
 from __future__ import annotations
 
 import json
@@ -49,6 +49,9 @@ def test_a_repeated_prompt_is_served_from_the_cache_and_prefilled_once(cached_si
     stats = cached_sim.stats()
     assert (stats["prompt_tokens_total"], stats["cached_tokens_total"]) == (2 * len(PROMPT), cached)
     assert stats["prefill_tokens_computed"] == len(PROMPT) + (len(PROMPT) - cached)
+    # Two prefill batches, one each, which held the server's GPU for their uncached tokens.
+    assert stats["prefill_batches"] == 2
+    assert stats["prefill_busy_s"] == pytest.approx(stats["prefill_tokens_computed"] / PREFILL_RATE)
     print(f"first token: {cold_s:.3f} s cold, {warm_s:.3f} s with {cached} of {len(PROMPT)} tokens cached")
 
 

@@ -3,13 +3,10 @@ report as cached, what the stats count, that completions do not change, /flush_c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 
-import httpx
+from helpers.sim_in_process import generate, served
 
-from sim.cli import parse_sim_args
 from sim.server import SimServer
 from sim.settings import SimSettings
 
@@ -17,20 +14,6 @@ from sim.settings import SimSettings
 EXACT = ("--page-size", "1", "--prefill-rate", "1000000", "--rate", "100000", "--length-tokens", "20:30",
          "--tick", "0.001")
 MESSAGES = [{"role": "user", "content": "Name three prime numbers, please."}]
-
-
-@contextlib.asynccontextmanager
-async def served(*flags: str) -> AsyncIterator[tuple[SimServer, httpx.AsyncClient]]:
-    server = SimServer(parse_sim_args(flags))
-    transport = httpx.ASGITransport(app=server)
-    async with httpx.AsyncClient(transport=transport, base_url="http://sim", timeout=30) as client:
-        yield server, client
-
-
-async def generate(client: httpx.AsyncClient, ids: list[int], **sampling_params: object) -> dict:
-    response = await client.post("/generate", json={"input_ids": ids, "sampling_params": sampling_params})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def planned_ids(settings: SimSettings, server: SimServer, ids: list[int], seed: int) -> list[int]:
@@ -154,3 +137,28 @@ def test_flush_cache_empties_the_cache_only_while_nothing_runs(prompt):
     assert (busy_status, busy_text) == (400, "Flush cache failed.\n")
     assert waited_status == 200
     assert (cached_while_busy, cached_after) == (len(prompt) - 1, 0)
+
+
+def test_two_requests_with_one_prompt_in_one_batch_both_miss_and_one_after_the_batch_hits(prompt):
+    # A 1,000-token prompt keeps the prefill lane busy for 0.2 s while the two queue behind it.
+    flags = ("--page-size", "1", "--prefill-rate", "5000", "--rate", "100000", "--length-tokens", "20:30",
+             "--tick", "0.001")
+    blocker = list(range(5000, 6000))
+
+    async def scenario() -> tuple[list[int], dict]:
+        async with served(*flags) as (server, client):
+            first = asyncio.ensure_future(generate(client, blocker, max_new_tokens=1))
+            while not server.capacity.stats().prefill_batches:
+                await asyncio.sleep(0.005)
+            together = await asyncio.gather(*(generate(client, prompt, sampling_seed=seed) for seed in (0, 1)))
+            after = await generate(client, prompt, sampling_seed=2)
+            await first
+            cached = [body["meta_info"]["cached_tokens"] for body in [*together, after]]
+            return cached, (await client.get("/sim/stats")).json()
+
+    cached, stats = asyncio.run(scenario())
+    # SGLang's FCFS batch matches each request before any of the batch is cached (checkpoint_kv_cache
+    # runs after the batch): the two miss; the third, in a later batch, finds the prompt.
+    assert cached == [0, 0, len(prompt) - 1]
+    assert stats["prefill_batches"] == 3  # the blocker's, the two's, the third's
+    assert stats["prefill_tokens_computed"] == len(blocker) + 2 * len(prompt) + 1
