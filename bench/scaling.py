@@ -15,10 +15,13 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 
+import redis
+
 from bench.proc_stats import MachineCpu, cpu_seconds
 from bench.processes import TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
 from bench.steady_state import JobWindow, Window
+from genfleet.status.read_model import read_progress
 
 SLOTS = 150  # in flight per host
 POLL_S = 0.05
@@ -130,7 +133,10 @@ def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
             busy = machine.busy_cores()
             used = {name: (cpu - cpu_at_open[name]) / window.window.seconds
                     for name, cpu in _cpu_by_group(groups).items()}
-            while window.finished() < total:  # the drain, for the whole job's mean running only
+            # The drain, for the whole job's mean running only: counted in Redis, not by the hosts,
+            # whose counters miss what finishes between a stats read and the window's reset.
+            client = redis.Redis.from_url(redis_url)
+            while _settled(client) < total:
                 procs.check_alive(ignore=enqueue)
                 if time.monotonic() - started > RUN_TIMEOUT_S:
                     raise TimeoutError(f"{hosts} hosts: not drained after {RUN_TIMEOUT_S:.0f} s")
@@ -141,6 +147,11 @@ def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
         return HostsResult(hosts=hosts, window=window.window, setup_s=setup_s, sim_cores=used["sim"],
                            worker_cores=used["worker"], redis_cores=used["redis"], machine_busy_cores=busy,
                            job_mean_running=job_running)
+
+
+def _settled(client: redis.Redis) -> int:
+    totals = read_progress(client, "bench").totals()
+    return totals.done + totals.failed
 
 
 def _cpu_by_group(groups: dict[str, list[int]]) -> dict[str, float]:

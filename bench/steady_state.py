@@ -90,10 +90,6 @@ class JobWindow(SteadyStateWindow):
         if self._job_started is None:
             self._job_started = self._since
 
-    def finished(self) -> int:
-        """Requests finished since the job started, on every host."""
-        return self._finished_before + sum(s["requests_finished"] for s in self._stats())
-
     def job_mean_running(self) -> float:
         """Time-averaged running requests, summed over hosts, from the job's start until now."""
         area = self._area + sum(s["mean_running"] for s in self._stats()) * (time.monotonic() - self._since)
