@@ -73,3 +73,24 @@ def test_the_loop_guard_cuts_the_stream_and_asks_the_server_to_drop_the_request(
     assert generation.loop["at_token"] - 30 <= LoopThresholds().latest(7)
     assert len(generation.output_ids) == generation.completion_tokens < 30 + 7 * 400
     assert aborted == [{"rid": generation.rid}]
+
+
+def unicode_line_separators(request) -> None:
+    """SGLang 0.5.23 writes each chunk with orjson (`utils/json_response.py` `dumps_json`), which
+    leaves U+2028, U+2029 and U+0085 raw in the UTF-8: a model's text may hold them."""
+    request.rfile.read(int(request.headers["Content-Length"]))
+    request.send_response(200)
+    request.send_header("Content-Type", "text/event-stream")
+    request.end_headers()
+    for ids, text, finish in (([5], "a\u2028b", None), ([5, 6], "a\u2028b\x85c\u2029", {"type": "stop"})):
+        chunk = {"text": text, "output_ids": ids, "meta_info": {"finish_reason": finish, "completion_tokens": len(ids)}}
+        request.wfile.write(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
+    request.wfile.write(b"data: [DONE]\n\n")
+
+
+def test_text_holding_unicode_line_separators_arrives_whole(sglang_client):
+    """httpx's `iter_lines` splits lines as `str.splitlines` does, at U+2028, U+2029 and U+0085 too:
+    such a chunk was cut in two, failed to parse and was retried until dead-lettered."""
+    with http_stub(post=unicode_line_separators) as url:
+        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
+    assert generation.text == "a\u2028b\x85c\u2029" and generation.output_ids == [5, 6]

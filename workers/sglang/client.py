@@ -20,6 +20,7 @@ from workers.errors import DeadlineExceeded, ShutdownRequested, StreamCut, Trans
 from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.sglang.generate_stream import StreamAssembler
 from workers.sglang.server_info import ModelIdentity, ServerInfo
+from workers.sglang.sse import data_payloads
 from workers.sglang.wire_errors import http_error, transport_errors
 
 if TYPE_CHECKING:
@@ -199,15 +200,12 @@ class SglangClient:
               self._stream_http().stream("POST", url, json=body) as response, self._tracked(response)):
             if response.status_code != 200:
                 raise http_error(response)
-            for line in response.iter_lines():
+            for data in data_payloads(response.iter_bytes()):
                 if should_stop():
                     raise ShutdownRequested()
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded("generation ran past the task deadline")
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     # Read on to the body's end rather than break: a response closed before h11
                     # has seen it end cannot go back to the pool (httpcore `_response_closed`),
                     # so every request would open a new connection.
@@ -250,7 +248,7 @@ def new_rid() -> str:
     return uuid.uuid4().hex
 
 
-def _decode_chunk(data: str) -> dict[str, Any]:
+def _decode_chunk(data: bytes) -> dict[str, Any]:
     try:
         chunk = json.loads(data)
     except ValueError:
