@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint bench install redis-server chromium prometheus sample-data clean oracle
+.PHONY: demo test test-fast lint bench install redis-server chromium prometheus tmux sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,14 +50,28 @@ prometheus:
 	    echo "prometheus is missing (run 'sudo apt-get install prometheus'): the Prometheus scrape test will skip" >&2; \
 	  fi; }
 
+# tmux, for the test that runs `genfleet status` in 100- and 120-column panes. Best effort, as above.
+tmux:
+	@command -v tmux >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing tmux (Debian package)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } \
+	      || echo "could not install tmux: the terminal-width tests will skip" >&2; \
+	  else \
+	    echo "tmux is missing (run 'sudo apt-get install tmux'): the terminal-width tests will skip" >&2; \
+	  fi; }
+
 # The fast tier: tests/unit/ starts nothing but a redis-server (where Redis itself is the subject);
 # well under a minute.
 test-fast: install redis-server
 	$(PY) -m pytest tests/unit
 
-# Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files).
-test: install redis-server chromium prometheus test-fast
-	$(PY) -m pytest tests/e2e
+# Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files),
+# two test processes at once (pytest-xdist): most of an end-to-end test's time is a simulated GPU's,
+# not this machine's CPU, so two share two cores (~4.5 min instead of ~9). Each process has its own
+# redis-server, ports and temp dirs (tests/conftest.py).
+test: install redis-server chromium prometheus tmux test-fast
+	$(PY) -m pytest -n 2 tests/e2e
 
 # A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.
