@@ -242,7 +242,8 @@ def affinity_figures(outcome: dict) -> list[Figure]:
         figures.append(Figure(
             f"Prefill tokens, affinity ÷ least-busy routing, {hosts} hosts", [ratio["prefill_tokens"]],
             format_ratio, detail=f"{a['prefill_tokens']:,} vs {b['prefill_tokens']:,} of {a['prompt_tokens']:,} "
-                                 "prompt tokens; 1 run", target="≤ 0.50×", meets=lambda v: v <= 0.5))
+                                 "prompt tokens; 1 run", target="≤ 0.50×", meets=lambda v: v <= 0.5,
+            note=partial(target_notes.affinity_note, int(hosts), a["cached_share"], b["cached_share"])))
         figures.append(Figure(
             f"Wall time, affinity ÷ least-busy routing, {hosts} hosts", [ratio["wall"]], format_ratio,
             detail=f"{a['wall_s']:.1f} s vs {b['wall_s']:.1f} s; mean running {a['mean_running']:.0f} vs "

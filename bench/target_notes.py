@@ -19,6 +19,12 @@ def _served_share(occupancy: float, knee: float) -> float:
     return (running / (1 + running / knee)) / (SLOTS / (1 + SLOTS / knee))
 
 
+# The share of bench/affinity.py's prompt tokens a perfect prefix cache could serve: the 4 samples of
+# a ~1,500-token prompt share it (3 of 4 cached), a conversation's turn 2 and 3 extend the previous
+# turn's prompt and reply: ~1.90M of 2.56M tokens.
+CACHEABLE_SHARE = 0.72
+
+
 def throughput_note(m: ThroughputMedians) -> str:
     knee, b_occ, g_occ = m.knee, m.baseline_occupancy, m.genfleet_occupancy
     # The occupancy at which a full server would be 1.3x the baseline's: solve served(x) = 1 / 1.3.
@@ -95,3 +101,22 @@ def scaling_note(hosts: int, occupancy: float, own_cores: float, busy_cores: flo
             f"refills its slots later. Real hosts bring their own CPUs; what would fix it here is a "
             f"quieter machine, or the per-task CPU savings listed under CPU per token.")
 
+
+
+def affinity_note(hosts: int, affinity_cached: float, least_busy_cached: float) -> str:
+    best = (1 - CACHEABLE_SHARE) / (1 - least_busy_cached)
+    reach = (f"so even routing that missed nothing would prefill {best:.2f}× least-busy's: 0.5× is out of reach "
+             f"at {hosts} hosts on this workload" if best > 0.5 else
+             f"so routing that missed nothing would prefill {best:.2f}× least-busy's: affinity missed "
+             f"{CACHEABLE_SHARE - affinity_cached:.0%} of the prompt tokens a cache could have served")
+    return (
+        f"With {hosts} hosts least-busy routing already found {least_busy_cached:.0%} of the prompt tokens in a "
+        f"host's cache by chance, affinity {affinity_cached:.0%}. This workload can take at most about "
+        f"{CACHEABLE_SHARE:.0%} of its prompt tokens from a cache (3 of each prompt's 4 samples, and each "
+        f"conversation's turns 2 and 3 up to the previous reply: `bench/affinity.py`), {reach}. What affinity "
+        f"misses: a prompt's samples that reach its host in the same prefill batch (SGLang's default FCFS schedule "
+        f"matches a batch's requests against the cache before it inserts any of them), most of all in a small "
+        f"job's first burst (4 hosts × 150 slots take 600 of its 1,650 requests at once), and requests spilled "
+        f"past the load bound. Holding back a request while another with its prefix is still in prefill would "
+        f"take the first."
+    )
