@@ -206,8 +206,8 @@ class Reaper:
     def _restore(self, tag: str) -> bool:
         """kombu's own restore (kombu 5.7.0, kombu/transport/redis.py: `QoS.restore_by_tag` with
         `Channel._do_restore_message`), plus dropping the lease, in one transaction: out of the
-        unacked set and index, marked redelivered, RPUSHed back onto its queue (next in line: kombu
-        consumes with BRPOP).
+        unacked set and index, marked redelivered, RPUSHed back onto its queue (next in line: the
+        workers take from the right, BLMOVE RIGHT in workers/broker.py, as kombu's BRPOP would).
 
         Done here rather than by calling `QoS.restore_by_tag`: that method belongs to a live kombu
         Channel, which connects to the broker URL on creation (the reaper holds a Redis client, not

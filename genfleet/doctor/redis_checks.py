@@ -41,10 +41,26 @@ def redis_checks(preflight: Preflight, *, timeout_s: float) -> list[Check]:
         return [fail("Redis", f"{url}: {error or type(error).__name__}",
                      "start Redis, or point --redis-url / GENFLEET_REDIS_URL at it")]
     try:
-        return [ok("Redis", f"{url}: redis {version}"), *durability_checks(client), memory_check(client, preflight),
+        return [version_check(url, version), *durability_checks(client), memory_check(client, preflight),
                 clock_check(client)]
     finally:
         client.close()
+
+
+# Workers consume with BLMOVE (workers/broker.py) and the reaper reads leases with ZMSCORE
+# (workers/leases.py): both Redis 6.2.
+MIN_REDIS = (6, 2)
+
+
+def version_check(url: str, version: str) -> Check:
+    try:
+        have = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return warn("Redis", f"{url}: redis {version} (version not understood)", "use Redis 6.2 or later")
+    if have < MIN_REDIS:
+        return fail("Redis", f"{url}: redis {version}, older than 6.2",
+                    "upgrade to Redis 6.2 or later: workers consume with BLMOVE, the reaper reads leases with ZMSCORE")
+    return ok("Redis", f"{url}: redis {version}")
 
 
 def durability_checks(client: redis.Redis) -> list[Check]:

@@ -94,3 +94,25 @@ def test_text_holding_unicode_line_separators_arrives_whole(sglang_client):
     with http_stub(post=unicode_line_separators) as url:
         generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
     assert generation.text == "a\u2028b\x85c\u2029" and generation.output_ids == [5, 6]
+
+
+def finished_then_reset(request) -> None:
+    """The final chunk and [DONE] arrive, then the connection drops before the chunked body's end."""
+    request.rfile.read(int(request.headers["Content-Length"]))
+    request.send_response(200)
+    request.send_header("Content-Type", "text/event-stream")
+    request.send_header("Transfer-Encoding", "chunked")
+    request.end_headers()
+    final = {"text": " a", "output_ids": [5], "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": 1}}
+    for event in (b"data: " + json.dumps(final).encode() + b"\n\n", b"data: [DONE]\n\n"):
+        request.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+    request.wfile.flush()
+    request.close_connection = True  # no terminating 0-size chunk: the body is cut
+
+
+def test_a_connection_lost_after_the_final_chunk_keeps_the_generation(sglang_client):
+    """Reading on past [DONE] (for the connection's reuse) must not turn a finished stream into a
+    failed attempt when only the body's end is missing."""
+    with http_stub(post=finished_then_reset) as url:
+        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
+    assert generation.finish_reason == {"type": "stop"} and generation.output_ids == [5]

@@ -200,7 +200,7 @@ class SglangClient:
               self._stream_http().stream("POST", url, json=body) as response, self._tracked(response)):
             if response.status_code != 200:
                 raise http_error(response)
-            for data in data_payloads(response.iter_bytes()):
+            for data in data_payloads(_body(response, lambda: assembler.finished)):
                 if should_stop():
                     raise ShutdownRequested()
                 if time.monotonic() > deadline:
@@ -236,6 +236,23 @@ class SglangClient:
         finally:
             with self._sockets_lock:
                 self._sockets.discard(sock)
+
+
+def _body(response: httpx.Response, finished: Callable[[], bool]) -> Iterator[bytes]:
+    """The response body's blocks. Once the final chunk has arrived, a transport error ends the
+    body instead: the generation is whole and only the connection is lost (read on past the final
+    chunk so that a connection whose body ended cleanly goes back to the pool)."""
+    blocks = response.iter_bytes()
+    while True:
+        try:
+            block = next(blocks)
+        except StopIteration:
+            return
+        except httpx.TransportError:
+            if finished():
+                return
+            raise
+        yield block
 
 
 def _loop_of(watch: StreamWatch | None) -> dict[str, int] | None:
