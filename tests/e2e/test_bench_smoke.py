@@ -34,6 +34,6 @@ def test_quick_bench_writes_the_results_table(tmp_path: Path) -> None:
         assert figure in names, f"no '{figure}' row in:\n{report}"
     throughput = next(line for line in table if "Throughput" in line)
     assert re.search(r"\| \d+\.\d\d× \|", throughput), throughput
-    assert "≥ 1.3×" in throughput and ("met" in throughput or "missed" in throughput)
+    assert "≥ 1.0×" in throughput and ("met" in throughput or "missed" in throughput)
     # Both sides did the same work: same prompts, same token ids, so the same completions.
     assert "different token totals" not in report
