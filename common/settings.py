@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.queues import IN_FLIGHT_PER_HOST
@@ -110,15 +110,6 @@ class Settings(BaseSettings):
     @classmethod
     def _verify_tls(cls, value: str) -> str:
         return verify_tls_by_default(value)
-
-    @model_validator(mode="after")
-    def _heartbeat_within_the_lease(self) -> Settings:
-        # A new message's lease is first written by a heartbeat (workers/leases.py `hold`), and a
-        # held one's renewed by the next: both must come well within the lease's time.
-        if not 0 < self.lease_heartbeat_s <= self.lease_ttl_s / 2:
-            raise ValueError(f"GENFLEET_LEASE_HEARTBEAT_S ({self.lease_heartbeat_s:g}) must be above 0 and at "
-                             f"most half of GENFLEET_LEASE_TTL_S ({self.lease_ttl_s:g})")
-        return self
 
     @field_validator("upstreams", mode="before")
     @classmethod

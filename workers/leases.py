@@ -53,12 +53,9 @@ class LeaseKeeper:
         self._stop.set()
 
     def hold(self, task_id: str, tag: str) -> None:
-        """Lease a message just received. Its lease is written by the next heartbeat, with every
-        other lease this process holds, not here: the reaper judges only messages fetched more than
-        a lease TTL ago (`Reaper._pass`), and the heartbeat comes well within that, so a fresh
-        message needs no lease yet and a task costs no Redis round trip of its own."""
         with self._lock:
             self._held[task_id] = tag
+        self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s})
 
     def release(self, task_id: str) -> None:
         """Stop renewing. The lease is not deleted yet: the message is acked just after the task

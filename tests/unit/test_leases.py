@@ -37,8 +37,6 @@ def fetched_long_ago(client, tag: str, seconds: float = 600) -> None:
 def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_message_is_acked(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
     keeper.hold("task-1", held)
-    assert lease_left(redis_client, held) is None  # no round trip per task: the next heartbeat writes it
-    keeper.renew()
     assert 59 < lease_left(redis_client, held) <= 60
     redis_client.zadd(LEASES, {held: time.time() + 1})  # a minute goes by
     keeper.renew()
@@ -66,7 +64,6 @@ def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client
 def test_the_reaper_leaves_a_message_alone_while_its_lease_is_renewed_however_old_it_is(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1)
     keeper.hold("task-1", held)
-    keeper.renew()  # its heartbeat
     fetched_long_ago(redis_client, held)
     assert Reaper(redis_client, ttl_s=5, interval_s=1).reap_once() == []
     assert redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 0
@@ -149,15 +146,3 @@ def test_a_lapsed_lease_of_a_message_already_settled_is_forgotten(redis_client):
     redis_client.zadd(LEASES, {"gone-tag": time.time() - 600})  # its worker died after the ack
     Reaper(redis_client, ttl_s=5, interval_s=1).reap_once()
     assert redis_client.zcard(LEASES) == 0
-
-
-def test_a_heartbeat_slower_than_half_the_lease_is_refused_when_settings_are_read():
-    """A message's first lease is written by a heartbeat: one as slow as the lease itself would let
-    the reaper re-queue live tasks."""
-    from pydantic import ValidationError
-
-    from common.settings import Settings
-
-    with pytest.raises(ValidationError, match="GENFLEET_LEASE_HEARTBEAT_S"):
-        Settings(lease_ttl_s=60, lease_heartbeat_s=45)
-    assert Settings(lease_ttl_s=60, lease_heartbeat_s=30).lease_heartbeat_s == 30
