@@ -11,8 +11,13 @@ from workers.sglang.sse import data_payloads
 # A payload never holds CR or LF (JSON escapes them); it may hold what str.splitlines also splits at,
 # which JSON leaves raw (U+0085, U+2028, U+2029; orjson and json.dumps(ensure_ascii=False) alike).
 SPLITLINES_ONLY = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-payloads = st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=40).map(str.strip)
-plain_payloads = st.text(alphabet=st.characters(blacklist_characters="\r\n" + SPLITLINES_ONLY), max_size=40)
+def texts(excluded: str) -> st.SearchStrategy[str]:
+    """Text a JSON payload may hold raw: no surrogate (not UTF-8), none of `excluded`."""
+    return st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=excluded), max_size=40)
+
+
+payloads = texts("\r\n")
+plain_payloads = texts("\r\n" + SPLITLINES_ONLY)
 other_lines = st.sampled_from([": keep-alive", "event: message", "id: 7", "retry: 1000"])
 line_ends = st.sampled_from(["\n", "\r\n", "\r"])
 
