@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -128,3 +129,11 @@ def verify_tls_by_default(url: str) -> str:
     if not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
         return url
     return f"{url}{'&' if '?' in url else '?'}ssl_cert_reqs=required"
+
+
+def printable_url(url: str) -> str:
+    """The URL as it may be printed (a log, a ticket, a table): any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()

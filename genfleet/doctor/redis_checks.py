@@ -8,13 +8,13 @@ Memory is planned from the measured cost of a queued prompt, 1,385 B + 13.9 B pe
 from __future__ import annotations
 
 import time
-from urllib.parse import urlsplit
 
 import redis
 
 from common.queues import PARTITIONS
 from common.redis_checks import durability_problems
 from common.run_state import connect
+from common.settings import printable_url
 from genfleet.doctor.checks import Check, fail, ok, warn
 from genfleet.doctor.plan import Preflight
 
@@ -126,14 +126,6 @@ def clock_check(client: redis.Redis) -> Check:
     if abs(skew) >= WARN_SKEW_S:
         return warn(name, detail, CLOCK_FIX)
     return ok(name, detail)
-
-
-def printable_url(url: str) -> str:
-    """The URL with any password hidden: the table may end up in a log or a ticket."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _gib(size: float) -> str:

@@ -42,7 +42,8 @@ def upstream_check(client: SglangClient, url: str, settings: Settings,
     if health.status_code != 200:
         return None, fail(name, f"GET /health answered {health.status_code}",
                           "wait for the server to finish loading, or restart it")
-    info = _server_info(client.http, url)
+    # The workers' own reader (`/server_info`, else the older `/get_server_info`); {} or None: not said.
+    info = client.servers.ask_server_info(url) or None
     upstream = Upstream(url, client.model_name(url), info, _context_length(client.http, url, info))
     return upstream, _judge(name, upstream, settings, run_context_length)
 
@@ -75,18 +76,6 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
     status = Status.FAIL if any(s is Status.FAIL for s, _, _ in findings) else Status.WARN
     worst = [f for f in findings if f[0] is status]
     return Check(name, status, "; ".join([detail, *(text for _, text, _ in worst)]), worst[0][2])
-
-
-def _server_info(http: httpx.Client, url: str) -> dict[str, Any] | None:
-    # /get_server_info is the older name, still an alias in 0.5.23 (as workers/sglang/server_info.py).
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            response = http.get(f"{url}{path}", timeout=HEALTH_TIMEOUT_S)
-            if response.status_code == 200 and isinstance(body := response.json(), dict):
-                return body
-        except (httpx.HTTPError, ValueError):
-            continue
-    return None
 
 
 def _context_length(http: httpx.Client, url: str, info: dict[str, Any] | None) -> int | None:

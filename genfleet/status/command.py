@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from common.run_state import connect
-from common.settings import Settings
+from common.settings import Settings, printable_url
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
 from genfleet.status.read_model import read_status
 from genfleet.status.render import render, status_json
@@ -55,7 +55,7 @@ def status_command(
         _status(connect(url, timeout_s=REDIS_TIMEOUT_S), run, watch, as_json,
                 AlarmSettings(no_progress_s=no_progress_minutes * 60), wide=wide)
     except redis.RedisError as error:
-        Console(stderr=True).print(f"[red]error:[/] Redis at {escape(_without_password(url))}: "
+        Console(stderr=True).print(f"[red]error:[/] Redis at {escape(printable_url(url))}: "
                                    f"{escape(str(error) or type(error).__name__)}", soft_wrap=True)
         raise typer.Exit(1) from None
 
@@ -101,13 +101,3 @@ def _watch(client: redis.Redis, run: str, console: Console, first: RenderableTyp
                                      f"{WATCH_INTERVAL_S:.0f} s)", style="red"))
         except KeyboardInterrupt:  # how a watch ends: leave the last table, exit 0, no traceback
             pass
-
-
-def _without_password(url: str) -> str:
-    """The URL as it may be printed: any password replaced."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()

@@ -12,6 +12,7 @@ from dataclasses import replace
 import httpx
 import pytest
 import redis
+from helpers.children import terminate
 from helpers.data import write_jsonl
 from helpers.fleet import Fleet
 from helpers.flower import chromium_driver
@@ -53,11 +54,7 @@ class PageProcess:
                    lambda: f"the page did not come up:\n{self.log.read_text()}", ignore=(httpx.HTTPError,))
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        terminate(self.process)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import sys
 import httpx
 import pytest
 
+from helpers.children import terminate
 from helpers.fleet import Fleet
 from helpers.sim_process import free_port
 from helpers.waits import wait_until
@@ -36,11 +37,7 @@ class FlowerProcess:
         return response.json()
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        terminate(self.process)
 
 
 def chromium_driver():

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from helpers.children import terminate
 from helpers.sim_process import free_port
 from helpers.waits import wait_until
 
@@ -88,13 +89,7 @@ class PrometheusServer:
 
     def stop(self) -> None:
         self.http.close()
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
 
     def tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -76,7 +76,7 @@ class ServerInfo:
         with self._asking:
             mode = self._stream_modes.get(upstream)
             if mode is None:
-                info = self._ask_server_info(upstream)
+                info = self.ask_server_info(upstream)
                 if info is not None:
                     mode = StreamMode.from_server_info(info)
                     self._revisions[upstream] = revision_from_server_info(info)
@@ -103,7 +103,7 @@ class ServerInfo:
             model = self._models[upstream] = identity_from_model_info(info)
         return model
 
-    def _ask_server_info(self, upstream: str) -> dict[str, Any] | None:
+    def ask_server_info(self, upstream: str) -> dict[str, Any] | None:
         """The answer; None: could not ask now (asked again next time); {}: the server has no such
         page (the stream mode is then UNKNOWN, and the revision not reported)."""
         # /get_server_info is the older name, still an alias in 0.5.23 (entrypoints/http_server.py).
