@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Annotated, Any, NoReturn, Optional
-from urllib.parse import urlsplit
 
 import redis
 import typer
@@ -13,6 +12,7 @@ import typer
 from common.queues import PARTITIONS
 from common.redis_checks import durability_problems
 from common.settings import Settings
+from workers.sglang.stream_http import Origin, UpstreamURLError
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
@@ -96,14 +96,9 @@ def flower_auth_problem(auth: str | None) -> str | None:
 def upstream_problem(url: str) -> str | None:
     """Why `url` is not an SGLang base URL (http:// or https:// and a host), or None."""
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-    except ValueError as error:
-        return f"not a URL ({error})"
-    if parts.scheme not in ("http", "https"):
-        return "must start with http:// or https:// (e.g. http://gpu1:30000)"
-    if not parts.hostname:
-        return "has no host (e.g. http://gpu1:30000)"
+        Origin.parse(url)
+    except UpstreamURLError as error:
+        return str(error)
     return None
 
 

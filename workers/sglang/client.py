@@ -1,16 +1,14 @@
-"""Streams one generation from SGLang over a shared httpx client: native `/generate` (the default)
-or `/v1/chat/completions` with server-side reasoning split. Every wire failure leaves as one of
+"""Streams one generation from SGLang: native `/generate` (the default) or `/v1/chat/completions`
+with server-side reasoning split. Streams go over `stream_http.py`'s kept connections; the short
+requests (/server_info, /abort_request) over one httpx client. Every wire failure leaves as one of
 the typed errors of `workers/errors.py` (mapped in `wire_errors.py`)."""
 from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +19,7 @@ from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.sglang.generate_stream import StreamAssembler
 from workers.sglang.server_info import ModelIdentity, ServerInfo
 from workers.sglang.sse import data_payloads
+from workers.sglang.stream_http import StreamConnections, error_body, response_blocks
 from workers.sglang.wire_errors import http_error, transport_errors
 
 if TYPE_CHECKING:
@@ -74,43 +73,17 @@ class SglangClient:
         )
         self.stall_timeout_s = stall_timeout_s
         self.servers = ServerInfo(self.http)
-        self._sockets: set[socket.socket] = set()  # of the streams being read now
-        self._sockets_lock = threading.Lock()
-        self._per_thread = threading.local()
-        self._stream_clients: list[httpx.Client] = []
-
-    def _stream_http(self) -> httpx.Client:
-        """The calling thread's own client for streams. A thread reads one stream at a time, so its
-        pool holds one connection per upstream it has used; one pool shared by 150 streams costs
-        more than the streams themselves: httpcore 1.0.9 (`_sync/connection_pool.py`,
-        `_assign_requests_to_connections`) walks every connection, and counts them again for each
-        idle one, whenever a request starts or a response closes: O(n²) at n connections, ~2,000
-        `is_idle` calls per task at 150 in flight (counted with yappi in `python -m bench.throughput`)."""
-        http = getattr(self._per_thread, "http", None)
-        if http is None:
-            http = self._per_thread.http = httpx.Client(timeout=self._timeout, verify=self._tls)
-            with self._sockets_lock:
-                self._stream_clients.append(http)
-        return http
+        self.streams = StreamConnections(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s,
+                                         tls=self._tls)
 
     def close(self) -> None:
         self.http.close()
-        with self._sockets_lock:
-            clients, self._stream_clients = self._stream_clients, []
-        for http in clients:
-            http.close()
+        self.streams.close()
 
     def interrupt_streams(self) -> None:
-        """Wake every thread blocked reading a stream (a long prefill, a silent server): shutdown
-        makes a blocked recv() return at once, where close() from another thread may not. Each
+        """Wake every thread blocked reading a stream (a long prefill, a silent server); each
         stream then ends with a transport error, which the caller reads as its shutdown."""
-        with self._sockets_lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
+        self.streams.interrupt()
 
     def forget(self, upstream: str) -> None:
         """The host came back (its breaker closed): it may have restarted with other settings."""
@@ -132,7 +105,7 @@ class SglangClient:
         started = time.monotonic()
         assembler = StreamAssembler(incremental=mode.incremental)
         cut = (lambda: watch.ids_arrived(assembler.output_ids)) if watch is not None else None
-        first_token_s = self._stream(f"{upstream}/generate", body, assembler, started, deadline, should_stop,
+        first_token_s = self._stream(upstream, "/generate", body, assembler, started, deadline, should_stop,
                                      has_tokens=lambda: bool(assembler.output_ids), cut=cut)
         if cut is not None and not assembler.finished:
             self.abort_request(upstream, body["rid"])
@@ -157,7 +130,7 @@ class SglangClient:
         assembler = ChatStreamAssembler()
         body = {"rid": new_rid(), **body, "stream": True, "stream_options": {"include_usage": True}}
         cut = (lambda: watch.text_arrived(assembler.reasoning, assembler.content)) if watch is not None else None
-        first_token_s = self._stream(f"{upstream}/v1/chat/completions", body, assembler, started, deadline,
+        first_token_s = self._stream(upstream, "/v1/chat/completions", body, assembler, started, deadline,
                                      should_stop, has_tokens=lambda: assembler.has_tokens, cut=cut)
         if cut is not None and not assembler.finished:
             self.abort_request(upstream, body["rid"])
@@ -190,25 +163,25 @@ class SglangClient:
         except httpx.HTTPError as error:
             log.warning("%s/abort_request for %s failed: %s", upstream, rid, error)
 
-    def _stream(self, url: str, body: dict[str, Any], assembler: _Assembler, started: float,
+    def _stream(self, upstream: str, path: str, body: dict[str, Any], assembler: _Assembler, started: float,
                 deadline: float, should_stop: Callable[[], bool], has_tokens: Callable[[], bool],
                 cut: Callable[[], bool] | None = None) -> float | None:
         """Feeds every `data:` chunk to the assembler; returns the time to the first token. `cut`
         is asked after each chunk; True ends the stream there (closing the connection), unfinished."""
         first_token_s = None
+        url = upstream + path
         with (transport_errors(url, self.stall_timeout_s, should_stop),
-              self._stream_http().stream("POST", url, json=body) as response, self._tracked(response)):
-            if response.status_code != 200:
-                raise http_error(response)
-            for data in data_payloads(_body(response, lambda: assembler.finished)):
+              self.streams.post(upstream, path, body) as response):
+            if response.status != 200:
+                raise http_error(response.status, url, error_body(response))
+            for data in data_payloads(response_blocks(response, lambda: assembler.finished)):
                 if should_stop():
                     raise ShutdownRequested()
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded("generation ran past the task deadline")
                 if data == b"[DONE]":
-                    # Read on to the body's end rather than break: a response closed before h11
-                    # has seen it end cannot go back to the pool (httpcore `_response_closed`),
-                    # so every request would open a new connection.
+                    # Read on to the body's end rather than break: only a response read to its
+                    # end leaves its connection fit for the next stream.
                     continue
                 assembler.feed(_decode_chunk(data))
                 if first_token_s is None and has_tokens():
@@ -220,39 +193,6 @@ class SglangClient:
                 raise ShutdownRequested()  # the shutdown cut it: the message goes back, not a failure
             raise StreamCut(f"stream from {url} ended after {assembler.chunks} chunks without a finish reason")
         return first_token_s
-
-
-    @contextmanager
-    def _tracked(self, response: httpx.Response) -> Iterator[None]:
-        stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:  # another transport (tests' mocks): nothing to interrupt
-            yield
-            return
-        with self._sockets_lock:
-            self._sockets.add(sock)
-        try:
-            yield
-        finally:
-            with self._sockets_lock:
-                self._sockets.discard(sock)
-
-
-def _body(response: httpx.Response, finished: Callable[[], bool]) -> Iterator[bytes]:
-    """The response body's blocks. Once the final chunk has arrived, a transport error ends the
-    body instead: the generation is whole and only the connection is lost (read on past the final
-    chunk so that a connection whose body ended cleanly goes back to the pool)."""
-    blocks = response.iter_bytes()
-    while True:
-        try:
-            block = next(blocks)
-        except StopIteration:
-            return
-        except httpx.TransportError:
-            if finished():
-                return
-            raise
-        yield block
 
 
 def _loop_of(watch: StreamWatch | None) -> dict[str, int] | None:

@@ -7,14 +7,15 @@ code, retryable; 0.5.2 only message); a final chunk whose `finish_reason.type` i
 """
 from __future__ import annotations
 
+import http.client
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
-
 from workers.errors import PermanentError, ShutdownRequested, StreamStalled, TransientError, UpstreamAborted
+from workers.sglang.stream_http import SendFailed
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}
@@ -47,21 +48,20 @@ def abort_error(finish_reason: dict[str, Any]) -> TransientError | PermanentErro
     return UpstreamAborted(f"upstream aborted ({status}): {message}")
 
 
-def http_error(response: httpx.Response) -> TransientError | PermanentError:
-    response.read()
-    detail = _error_message(response)
-    message = f"HTTP {response.status_code} from {response.request.url}: {detail}"
-    if response.status_code >= 500 or response.status_code in RETRYABLE_4XX:
+def http_error(status: int, url: str, body: bytes) -> TransientError | PermanentError:
+    """A refused request (any status but 200, before the stream), by its status and body."""
+    message = f"HTTP {status} from {url}: {_error_message(body)}"
+    if status >= 500 or status in RETRYABLE_4XX:
         return TransientError(message)
     return PermanentError(message)
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(body: bytes) -> str:
     try:
-        body = response.json()
+        parsed = json.loads(body)
     except ValueError:
-        return response.text[:500]
-    error = body.get("error", body) if isinstance(body, dict) else body
+        return body[:500].decode("utf-8", "replace")
+    error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
     if isinstance(error, dict):
         return str(error.get("message", error))
     return str(error)
@@ -70,15 +70,22 @@ def _error_message(response: httpx.Response) -> str:
 @contextmanager
 def transport_errors(url: str, stall_timeout_s: float,
                      should_stop: Callable[[], bool] = lambda: False) -> Iterator[None]:
-    """httpx's exceptions while talking to `url`, as transient errors that name it; as
-    ShutdownRequested when the worker is stopping (its shutdown cut the stream on purpose)."""
+    """The transport's exceptions while talking to `url` (`stream_http.py`: socket and TLS errors,
+    `http.client`'s protocol errors), as transient errors that name it; as ShutdownRequested when
+    the worker is stopping (its shutdown cut the stream on purpose). A timeout once the request
+    is out is the stall timeout (the socket's read timeout); one before it, the connect timeout."""
     try:
         yield
-    except httpx.TransportError as error:
+    except SendFailed as failed:
         if should_stop():
             raise ShutdownRequested() from None
-        if isinstance(error, httpx.ReadTimeout):
+        error = failed.cause
+        if isinstance(error, TimeoutError):
+            raise TransientError(f"timeout talking to {url}: could not connect and send") from None
+        raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None
+    except (OSError, http.client.HTTPException) as error:
+        if should_stop():
+            raise ShutdownRequested() from None
+        if isinstance(error, TimeoutError):
             raise StreamStalled(f"no data from {url} for {stall_timeout_s:g} s") from None
-        if isinstance(error, httpx.TimeoutException):
-            raise TransientError(f"timeout talking to {url}: {type(error).__name__}") from None
         raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None
