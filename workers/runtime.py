@@ -68,7 +68,7 @@ class WorkerRuntime:
                                         skip_special_tokens=settings.skip_special_tokens),
             redis=client_redis,
             leases=LeaseKeeper(client_redis, ttl_s=settings.lease_ttl_s, heartbeat_s=settings.lease_heartbeat_s,
-                               in_hand=celery_state.requests.__contains__),
+                               in_hand=celery_delivery_tags),
             reaper=Reaper(client_redis, ttl_s=settings.lease_ttl_s, interval_s=settings.reaper_interval_s,
                           restart_grace_s=settings.lease_ttl_s,
                           unaccounted_interval_s=settings.unaccounted_check_interval_s),
@@ -104,3 +104,20 @@ def per_upstream_cap(settings: Settings) -> int:
     """The in-flight cap split evenly over the hosts (rounded up)."""
     hosts = max(len(settings.upstreams), 1)
     return max(-(-settings.in_flight() // hosts), 1)
+
+
+def celery_delivery_tags() -> set[str] | None:
+    """The delivery tags of the messages this process's Celery still means to run: scheduled (a
+    countdown retry waiting for its time), reserved or running (celery 5.7 `worker/state.py`:
+    `Consumer.on_close` empties the first two when the broker connection drops). Read from the
+    lease heartbeat's thread while the consumer changes the sets: a read that keeps colliding
+    with a change says None (renew every tag held, as before this check; the next beat reads again)."""
+    for _ in range(5):
+        try:
+            requests = [*celery_state.scheduled_requests, *celery_state.reserved_requests,
+                        *celery_state.active_requests]
+        except RuntimeError:  # "set changed size during iteration"
+            continue
+        return {str(request.message.delivery_tag) for request in requests
+                if getattr(request, "message", None) is not None}
+    return None

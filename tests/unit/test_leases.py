@@ -61,6 +61,49 @@ def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client
     assert lease_left(redis_client, held) <= 1, "a renewed lease would shield the message from the reaper"
 
 
+def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_client):
+    """Celery's retry keeps the task id, so a worker may receive the retry (its own delivery tag)
+    before the attempt's `task_postrun`: releasing the attempt must not drop the retry's lease, or
+    the reaper re-queues the retry while Celery holds it for its countdown (generated twice)."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda: {"t-attempt", "t-retry"})
+    for tag in ("t-attempt", "t-retry"):
+        redis_client.hset(KOMBU_UNACKED, tag, "[]")
+    keeper.hold("task-1", "t-attempt")
+    keeper.hold("task-1", "t-retry")
+    keeper.release("task-1")  # the attempt's postrun
+    redis_client.zadd(LEASES, {"t-attempt": time.time() + 1, "t-retry": time.time() + 1})
+    keeper.renew()
+    assert lease_left(redis_client, "t-retry") > 59
+    assert lease_left(redis_client, "t-attempt") <= 1  # left to lapse until its ack
+    keeper.release("task-1")  # the retry's postrun
+    redis_client.hdel(KOMBU_UNACKED, "t-attempt", "t-retry")
+    keeper.renew()
+    assert redis_client.zcard(LEASES) == 0
+
+
+def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_id():
+    """`runtime.celery_delivery_tags` reads Celery's own request sets: an attempt that finished
+    (`task_ready` pops `requests[id]`, which the retry shares) must not hide its waiting retry."""
+    from celery.worker import state
+
+    from workers.runtime import celery_delivery_tags
+
+    class Request:  # what the function reads of celery's Request: its message's delivery tag
+        def __init__(self, tag: str) -> None:
+            self.id, self.name = "task-1", "genfleet.generate"
+            self.message = type("Message", (), {"delivery_tag": tag})()
+
+    attempt, retry = Request("t-attempt"), Request("t-retry")
+    state.task_accepted(attempt)
+    state.task_scheduled(retry)  # received while the attempt ran, waiting for its countdown
+    try:
+        state.task_ready(attempt)
+        assert celery_delivery_tags() == {"t-retry"} and "task-1" not in state.requests
+    finally:
+        state.reset_state()
+    assert celery_delivery_tags() == set()
+
+
 def test_the_reaper_leaves_a_message_alone_while_its_lease_is_renewed_however_old_it_is(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1)
     keeper.hold("task-1", held)
