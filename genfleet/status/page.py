@@ -110,7 +110,7 @@ def read_failures(client: redis.Redis, run: str, limit: int = RECENT_FAILURES,
             if len(letters) >= scanned:
                 break
     letters.sort(key=lambda letter: letter.time, reverse=True)
-    return Failures(total, letters[:limit])
+    return Failures(total, letters[:limit], read=len(letters))
 
 
 class _Snapshot:

@@ -35,6 +35,7 @@ RECENT_FAILURES = 20
 class Failures:
     total: int  # dead letters of the run
     recent: list[DeadLetter]  # the latest of those read, newest first
+    read: int = 0  # how many were read to find them (a hash has no order: all of them, up to a cap)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,12 @@ def _failures(data: PageData) -> str:
         f'<tr><td>{_clock(f.time)}</td><td><a href="{_e(flower_task_search(data.flower_url, f.id))}" '
         f'rel="noreferrer">{_e(f.id)}</a></td><td>{_e(f.error_class)}</td><td class="num">{f.attempts}</td>'
         f'<td class="message">{_e(_clip(f.message))}</td></tr>' for f in failures.recent)
-    shown = f"the latest {len(failures.recent)}" if len(failures.recent) < failures.total else "all"
+    if len(failures.recent) == failures.total:
+        shown = "all"
+    elif failures.read < failures.total:  # past the cap, the newest of those read, not of the run
+        shown = f"the latest {len(failures.recent)} of {failures.read:,} read"
+    else:
+        shown = f"the latest {len(failures.recent)}"
     letters = f"{failures.total:,} dead letter{'' if failures.total == 1 else 's'}"
     return (f'<section id="failures"><h2>Failures</h2><p>{letters}, {shown} below '
             f'(each id opens its attempts in Flower; <code>genfleet failures --run {_e(data.status.run)}</code> '
