@@ -5,7 +5,13 @@
 -- KEYS: done bitmap, counters hash, then the keys the updates name.
 -- ARGV: row, the number of counter pairs, (counter, amount) pairs, then updates of four values:
 -- command, index into KEYS, field, value (EXPIRE: the value is the seconds; the field is unused).
--- Replies with the bit's old value.
+-- Replies with the bit's old value. An unknown update is refused before anything is written.
+local known = {EXPIRE = true, HINCRBY = true, HINCRBYFLOAT = true, HSET = true, HSETNX = true}
+for i = 3 + 2 * tonumber(ARGV[2]), #ARGV, 4 do
+  if not known[ARGV[i]] then
+    return redis.error_reply('mark_done: unknown update ' .. tostring(ARGV[i]))
+  end
+end
 local old = redis.call('SETBIT', KEYS[1], ARGV[1], 1)
 if old == 0 then
   local pairs = tonumber(ARGV[2])
@@ -18,10 +24,8 @@ if old == 0 then
     local command, key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
     if command == 'EXPIRE' then
       redis.call('EXPIRE', key, ARGV[i + 3])
-    elseif command == 'HINCRBY' or command == 'HINCRBYFLOAT' or command == 'HSET' or command == 'HSETNX' then
-      redis.call(command, key, ARGV[i + 2], ARGV[i + 3])
     else
-      return redis.error_reply('mark_done: unknown update ' .. tostring(command))
+      redis.call(command, key, ARGV[i + 2], ARGV[i + 3])
     end
     i = i + 4
   end

@@ -3,6 +3,9 @@ a row once and announces it once, never a row already settled; a row settles (do
 and counts once however often its task runs; rejections count once; counters read whole."""
 from __future__ import annotations
 
+import pytest
+import redis
+
 from common import rates
 from common.queues import PARTITIONS, SHORT
 from common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
@@ -36,6 +39,14 @@ def test_a_rows_rates_go_with_its_done_bit_once_however_many_times_its_task_fini
     assert 0 < redis_client.ttl(bucket) <= 7200
     assert redis_client.hget(state.keys.partition_done, f"{SHORT}:d") == b"1"
     assert float(redis_client.hget(state.keys.activity, "first")) == now
+
+
+def test_an_unknown_update_is_refused_before_the_row_is_settled(redis_client):
+    """A row settled without its counters would never be counted: the script writes all or nothing."""
+    state = RunState(redis_client, "r")
+    with pytest.raises(redis.ResponseError, match="unknown update DEL"):
+        state.mark_done("d", 9, FINISHED, [("DEL", state.keys.activity, "", "")])
+    assert not state.is_done("d", 9) and state.counters("d")["done"] == 0
 
 
 def test_rows_settle_in_their_own_bits_across_bitmap_bytes(redis_client):
