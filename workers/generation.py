@@ -62,7 +62,7 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     # Before any GPU time is spent: a record that cannot be written is work thrown away.
     runtime.disk.wait_writable(settings.disk_wait_s, stop)
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
-                    should_stop=stop, affinity=affinity_key(payload)) as upstream:
+                    should_stop=stop, affinity=affinity_key(payload), prompt=prompt_identity(payload)) as upstream:
         # Checked once a slot is held, right before generating: a spare thread may have waited.
         # Prompts already streaming may still overshoot the budget by their own length.
         if budget_spent(payload, runtime):
@@ -103,6 +103,12 @@ def affinity_key(payload: TaskPayload) -> bytes:
     if payload.regenerate == "all" or not payload.input_ids:
         return b"prompt:" + payload.prompt_id.encode()
     return array("I", payload.input_ids[:AFFINITY_PREFIX_TOKENS]).tobytes()
+
+
+def prompt_identity(payload: TaskPayload) -> bytes:
+    """Which prompt this is, whole: its samples, the turns of its conversation and the parts of its
+    continued completion share it (and their host's cache of it: workers/upstreams.py)."""
+    return f"{payload.run}\0{payload.prompt_id}".encode()
 
 
 def loop_watch(payload: TaskPayload, runtime: WorkerRuntime, prior: Continuation | None) -> StreamWatch | None:

@@ -10,7 +10,10 @@ a host that goes down moves only its own keys). The preferred host is skipped wh
 than `LOAD_FACTOR` times the mean in flight (bounded-load consistent hashing, Mirrokni, Thorup and
 Zadimoghaddam 2018) or has no free slot; the least busy host takes the request then. When every
 host is full, a freed slot goes first to a waiting request that prefers that host; one that does not
-takes it after `SPILL_GRACE_S`, so a slot never idles long. Without a key (or with
+takes it after `SPILL_GRACE_S`, so a slot never idles long. A request whose prompt itself this worker
+sent to that host lately (a sample after the first, a conversation's next turn, a continued
+completion's next part) finds it in that host's cache: it goes there past the load bound (up to the
+cap) and waits `WARM_SPILL_GRACE_S` for a slot before spilling. Without a key (or with
 `GENFLEET_ROUTING=least-busy`) the least busy host takes every request.
 
 A host's circuit opens after consecutive failures; while open, the host gets no traffic. After a
@@ -24,6 +27,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +44,16 @@ LOAD_FACTOR = 1.25
 # How long a freed slot waits for a request that prefers its host before any request takes it: far
 # below a generation's seconds, so the slot's idle time is noise.
 SPILL_GRACE_S = 0.05
+# How long a request waits instead for its preferred host when that host holds its prompt already (a
+# sample after the first, a conversation's next turn, a continued completion's next part). Spilling
+# it would prefill the whole prompt again elsewhere: for a 1,500-token prompt ~75 ms of a whole
+# 8-GPU server (20,000 prefill tokens/s, bench/affinity.py), during which its 150 running requests
+# do not decode; a slot idle for the wait costs 1/150 of the server for that long, so waiting
+# pays up to seconds. Measured (bench.affinity, 4 hosts): spills moved 62 of 1,200 samples and 23
+# of 300 turns to a cold host: ~15% of the prompt tokens the hosts prefilled.
+WARM_SPILL_GRACE_S = 2.0
+# (host, prompt) pairs remembered per worker (~200 bytes each); samples are queued 256 prompts apart.
+PROMPTS_REMEMBERED = 16_384
 
 
 class NoUpstreamError(RuntimeError):
@@ -80,6 +94,8 @@ class UpstreamPool:
         # Called with a host's URL when its circuit closes again (it may have restarted).
         self.on_recovered: Callable[[str], None] = lambda url: None
         self._cond = threading.Condition()
+        # (host, prompt) pairs lately sent, oldest first: the prompt is warm in that host's cache.
+        self._recent: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._stop = threading.Event()
         self._prober = threading.Thread(target=self._probe_loop, name="upstream-health", daemon=True)
 
@@ -89,26 +105,33 @@ class UpstreamPool:
 
     @contextmanager
     def lease(self, *, avoid: str | None = None, wait_s: float = 600.0,
-              should_stop: Callable[[], bool] = lambda: False, affinity: bytes | None = None) -> Iterator[str]:
+              should_stop: Callable[[], bool] = lambda: False, affinity: bytes | None = None,
+              prompt: bytes | None = None) -> Iterator[str]:
         """One slot on a healthy upstream other than `avoid` (the one that just failed) when another
-        can take it: the host `affinity` prefers within the load bound, else the least busy."""
-        deadline = time.monotonic() + wait_s
-        spill_at = time.monotonic() + SPILL_GRACE_S
+        can take it: the host `affinity` prefers within the load bound, else the least busy. A
+        `prompt` (its identity) this pool sent to the preferred host lately is warm there: it goes
+        there past the load bound, and waits `WARM_SPILL_GRACE_S` for a slot before spilling."""
+        deadline = grace_from = time.monotonic()
+        deadline += wait_s
         with self._cond:
-            while (state := self._pick(avoid, affinity, spill=time.monotonic() >= spill_at)) is None:
+            while (state := self._pick(avoid, affinity, prompt, waited=time.monotonic() - grace_from)) is None:
                 if should_stop():
                     raise ShutdownRequested()
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0:
                     raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "
                                               + ", ".join(self._describe()))
                 if self._has_free_slot():  # only its preferred host is full: wait out the grace
-                    self._cond.wait(timeout=max(min(spill_at - time.monotonic(), remaining), 0.001))
+                    spill_at = grace_from + self._spill_grace(affinity, avoid, prompt)
+                    self._cond.wait(timeout=max(min(spill_at - now, remaining), 0.001))
                 else:
                     # A new wait for a slot: its grace starts when one frees.
                     self._cond.wait(timeout=min(remaining, 1.0))
-                    spill_at = time.monotonic() + SPILL_GRACE_S
+                    grace_from = time.monotonic()
             state.in_flight += 1
+            if prompt is not None and self._keyed(affinity):
+                self._remember(state.url, prompt)
         try:
             yield state.url
         finally:
@@ -162,20 +185,38 @@ class UpstreamPool:
             if recovered:
                 self.on_recovered(url)
 
-    def _pick(self, avoid: str | None, affinity: bytes | None = None, *, spill: bool = True) -> UpstreamState | None:
-        """The host for the next request, or None to wait. `spill`: when the preferred host is
-        full, whether another may take it now (after the grace) or the request waits for it."""
+    def _pick(self, avoid: str | None, affinity: bytes | None = None, prompt: bytes | None = None, *,
+              waited: float = float("inf")) -> UpstreamState | None:
+        """The host for the next request, or None to wait. `waited`: how long the request has
+        waited for a slot; past its grace, a request whose preferred host is full goes elsewhere."""
         ready = [s for s in self.states.values() if not s.is_open and s.in_flight < self.per_upstream_cap]
-        if affinity is not None and self.routing == "affinity" and len(self.states) > 1:
-            preferred = self._preferred(affinity, avoid)
+        if self._keyed(affinity):
+            preferred = self._preferred(affinity, avoid)  # type: ignore[arg-type]
             if preferred is not None:
-                if preferred in ready and preferred.in_flight < self._load_bound():
+                warm = self._warm(preferred, prompt)
+                if preferred in ready and (warm or preferred.in_flight < self._load_bound()):
                     return preferred
-                if preferred not in ready and not spill:
+                if preferred not in ready and waited < (WARM_SPILL_GRACE_S if warm else SPILL_GRACE_S):
                     return None
         if not ready:
             return None
         return min(ready, key=lambda s: (s.url == avoid, s.in_flight))
+
+    def _keyed(self, affinity: bytes | None) -> bool:
+        return affinity is not None and self.routing == "affinity" and len(self.states) > 1
+
+    def _warm(self, state: UpstreamState, prompt: bytes | None) -> bool:
+        return prompt is not None and (state.url, prompt) in self._recent
+
+    def _spill_grace(self, affinity: bytes | None, avoid: str | None, prompt: bytes | None) -> float:
+        preferred = self._preferred(affinity, avoid) if self._keyed(affinity) else None  # type: ignore[arg-type]
+        return WARM_SPILL_GRACE_S if preferred is not None and self._warm(preferred, prompt) else SPILL_GRACE_S
+
+    def _remember(self, url: str, prompt: bytes) -> None:
+        self._recent[(url, prompt)] = None
+        self._recent.move_to_end((url, prompt))
+        if len(self._recent) > PROMPTS_REMEMBERED:
+            self._recent.popitem(last=False)
 
     def _preferred(self, affinity: bytes, avoid: str | None) -> UpstreamState | None:
         """Rendezvous (highest random weight) hashing over the healthy hosts."""

@@ -107,3 +107,36 @@ def test_a_freed_slot_nobody_prefers_is_taken_after_the_grace():
     thread.join(timeout=2)
     (url, at), = took
     assert url == HOSTS[0] and SPILL_GRACE_S * 0.8 <= at - released_at < SPILL_GRACE_S + 0.5
+
+
+def test_a_prompt_warm_on_its_host_goes_there_past_the_load_bound():
+    """A sample after the first finds its prompt in its host's cache: balance is not worth a full
+    prefill elsewhere (the cap still holds)."""
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    slots = Slots(pool)
+    key = b"leading tokens of one prompt"
+    home = slots.take(affinity=key, prompt=b"run\0d/1")
+    taken = [slots.take(affinity=key, prompt=b"run\0d/1") for _ in range(19)]
+    assert set(taken) == {home} and pool.in_flight()[home] == 20  # far past 1.25 x the mean
+    other = slots.take(affinity=key, prompt=b"run\0d/2")  # another prompt, same leading tokens
+    assert other != home
+
+
+def test_a_full_host_keeps_a_warm_prompt_waiting_longer_before_it_spills(monkeypatch):
+    monkeypatch.setattr("workers.upstreams.WARM_SPILL_GRACE_S", 0.4)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
+    slots = Slots(pool)
+    keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
+    key = keys[HOSTS[0]]
+    slots.take(affinity=key, prompt=b"warm")  # h0 now holds this prompt
+    slots.take(affinity=key, prompt=b"warm")  # and is full
+
+    def waited_for(prompt: bytes) -> tuple[str, float]:
+        started = time.monotonic()
+        with pool.lease(affinity=key, prompt=prompt) as url:
+            return url, time.monotonic() - started
+
+    url, waited = waited_for(b"cold")
+    assert url == HOSTS[1] and waited < SPILL_GRACE_S + 0.2
+    url, waited = waited_for(b"warm")
+    assert url == HOSTS[1] and 0.4 <= waited < 0.8
