@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from helpers.certificates import make_certificates
@@ -14,40 +15,45 @@ from workers.sglang.client import SglangClient
 
 
 @pytest.fixture
-def server_tls(tmp_path):
-    certs = make_certificates(tmp_path)
+def certs(tmp_path):
+    return make_certificates(tmp_path)
+
+
+@pytest.fixture
+def server_tls(certs) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certs["cert"], certs["key"])
-    return certs, context
+    return context
 
 
-def client() -> SglangClient:
-    return SglangClient(max_connections=4, connect_timeout_s=5, stall_timeout_s=10)
+@pytest.fixture
+def client_trusting(monkeypatch) -> Iterator[Callable[[object], SglangClient]]:
+    """A worker's SGLang client that trusts only the CA given (made after SSL_CERT_FILE is set)."""
+    made: list[SglangClient] = []
+
+    def make(ca: object) -> SglangClient:
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+        made.append(SglangClient(max_connections=4, connect_timeout_s=5, stall_timeout_s=10))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
 
 
-def test_a_stream_over_tls_is_verified_and_its_connection_kept(server_tls, monkeypatch):
-    certs, context = server_tls
-    monkeypatch.setenv("SSL_CERT_FILE", str(certs["ca"]))
-    sglang = client()
-    try:
-        with keep_alive_server(tls=context) as (url, seen):
-            for _ in range(3):
-                generation = sglang.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 30)
-                assert generation.output_ids == [5] and generation.finish_reason == {"type": "stop"}
-    finally:
-        sglang.close()
+def test_a_stream_over_tls_is_verified_and_its_connection_kept(certs, server_tls, client_trusting):
+    sglang = client_trusting(certs["ca"])
+    with keep_alive_server(tls=server_tls) as (url, seen):
+        for _ in range(3):
+            generation = sglang.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 30)
+            assert generation.output_ids == [5] and generation.finish_reason == {"type": "stop"}
     streams = [(c, n) for c, n, path, _ in seen.requests if path == "/generate"]
     assert len({c for c, _ in streams}) == 1 and [n for _, n in streams] == [0, 1, 2]
 
 
-def test_a_certificate_from_an_untrusted_ca_fails_the_attempt(server_tls, monkeypatch):
-    certs, context = server_tls
-    monkeypatch.setenv("SSL_CERT_FILE", str(certs["other_ca"]))
-    sglang = client()
-    try:
-        with keep_alive_server(tls=context) as (url, seen):
-            with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
-                sglang.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 30)
-    finally:
-        sglang.close()
+def test_a_certificate_from_an_untrusted_ca_fails_the_attempt(certs, server_tls, client_trusting):
+    sglang = client_trusting(certs["other_ca"])
+    with keep_alive_server(tls=server_tls) as (url, seen):
+        with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
+            sglang.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 30)
     assert not [r for r in seen.requests if r[2] == "/generate"]
