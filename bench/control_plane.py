@@ -134,7 +134,7 @@ def background_cost(meter: Meter, held: int) -> dict:
     meter.client.hset(KOMBU_UNACKED, mapping=dict.fromkeys(tags, "held"))
     keeper = LeaseKeeper(meter.client, ttl_s=60.0, heartbeat_s=15.0)
     for tag in tags:
-        keeper.hold(tag, tag)
+        keeper.hold(tag)
     start = meter.snapshot()
     keeper.renew()
     renewed = meter.snapshot()

@@ -29,20 +29,20 @@ log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    """Holds leases for the delivery tags this worker process has received and not yet finished."""
+    """Holds leases for the delivery tags this worker process has received and not yet finished.
+
+    By delivery tag, never task id: Celery's retry keeps the task id (celery 5.7 `app/task.py`,
+    `Task.retry` sends the same id), so one id may be held twice at once, by the attempt that is
+    finishing and by its retry, received before the attempt's `task_postrun`."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float,
                  in_hand: Callable[[], Collection[str] | None] = lambda: None) -> None:
         self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
-        # Task id -> the delivery tags received under it, oldest first. Celery's retry keeps the
-        # task id (celery 5.7 `app/task.py::Task.retry` sends the same id), so one id may be held
-        # twice at once: the attempt that is finishing and its retry, received before the attempt's
-        # `task_postrun`. The attempt published its retry, so its own tag is always the older one.
-        self._held: dict[str, list[str]] = {}
+        self._held: set[str] = set()
         # The delivery tags of the messages this process's Celery still means to run (None: every
         # tag held): Celery forgets the requests it had not started when its broker connection
         # drops (a countdown retry waiting for its time), and those messages, left unacked, must
-        # lapse to the reaper. By tag, not task id, for the same reason as above.
+        # lapse to the reaper.
         self.in_hand = in_hand
         # Tags of finished tasks whose lease is dropped once kombu no longer holds the message
         # (acked, or given back): the lease zset holds only messages in hand.
@@ -57,28 +57,24 @@ class LeaseKeeper:
     def stop(self) -> None:
         self._stop.set()
 
-    def hold(self, task_id: str, tag: str) -> None:
+    def hold(self, tag: str) -> None:
         with self._lock:
-            self._held.setdefault(task_id, []).append(tag)
+            self._held.add(tag)
         self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s})
 
-    def release(self, task_id: str) -> None:
-        """Stop renewing the oldest tag held under `task_id` (the attempt that just finished). The
-        lease is not deleted yet: the message is acked just after the task returns, and until then
-        it must not look abandoned to the reaper. The next heartbeat drops it once kombu's
-        `unacked` no longer has the message."""
+    def release(self, tag: str) -> None:
+        """Stop renewing the lease of a message whose task finished. The lease is not deleted yet:
+        the message is acked just after the task returns, and until then it must not look abandoned
+        to the reaper. The next heartbeat drops it once kombu's `unacked` no longer has the message."""
         with self._lock:
-            tags = self._held.get(task_id)
-            if not tags:
-                return
-            self._released.add(tags.pop(0))
-            if not tags:
-                del self._held[task_id]
+            if tag in self._held:
+                self._held.discard(tag)
+                self._released.add(tag)
 
     def renew(self) -> None:
         self._drop_released()
         with self._lock:
-            held = [tag for tags in self._held.values() for tag in tags]
+            held = list(self._held)
         if not held:
             return
         # A tag whose message is no longer unacked (acked, or restored and redelivered elsewhere)
@@ -86,16 +82,9 @@ class LeaseKeeper:
         pipe = self.redis.pipeline(transaction=False)
         for tag in held:
             pipe.hexists(KOMBU_UNACKED, tag)
-        gone = {tag for tag, exists in zip(held, pipe.execute(), strict=True) if not exists}
-        if gone:
-            with self._lock:
-                for task_id in list(self._held):
-                    tags = [tag for tag in self._held[task_id] if tag not in gone]
-                    if tags:
-                        self._held[task_id] = tags
-                    else:
-                        del self._held[task_id]
-        alive = [tag for tag in held if tag not in gone]
+        alive = [tag for tag, exists in zip(held, pipe.execute(), strict=True) if exists]
+        with self._lock:
+            self._held.difference_update(set(held) - set(alive))
         in_hand = self.in_hand()
         if in_hand is not None:
             alive = [tag for tag in alive if tag in in_hand]

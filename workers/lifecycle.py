@@ -28,7 +28,7 @@ from celery.signals import (
 from common.settings import Settings
 from workers import tasks, telemetry
 from workers.app import create_app
-from workers.runtime import WorkerRuntime
+from workers.runtime import WorkerRuntime, running_delivery_tag
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def connect_signals(runtime: WorkerRuntime) -> None:
         # Leased on receipt, not on start: a retry held back for its countdown must not look abandoned.
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
         if tag:
-            runtime.leases.hold(request.id, str(tag))
+            runtime.leases.hold(str(tag))
 
     def task_started(task: Any = None, args: Any = None, **_: Any) -> None:
         if key := telemetry.task_key(task, args):
@@ -66,8 +66,8 @@ def connect_signals(runtime: WorkerRuntime) -> None:
     def task_finished(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
         if key := telemetry.task_key(task, args):
             telemetry.IN_FLIGHT.change(key, -1)
-        if task_id:
-            runtime.leases.release(task_id)
+        if task_id and (tag := running_delivery_tag(task_id)):
+            runtime.leases.release(tag)
 
     def stop_streams_after_grace(**_: Any) -> None:
         grace = runtime.settings.shutdown_grace_s

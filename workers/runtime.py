@@ -109,7 +109,8 @@ def per_upstream_cap(settings: Settings) -> int:
 def celery_delivery_tags() -> set[str] | None:
     """The delivery tags of the messages this process's Celery still means to run: scheduled (a
     countdown retry waiting for its time), reserved or running (celery 5.7 `worker/state.py`:
-    `Consumer.on_close` empties the first two when the broker connection drops). Read from the
+    `Consumer.on_close` empties the first two when the broker connection drops). A request held in
+    a rate-limit bucket is in none of them: no genfleet task has a `rate_limit`. Read from the
     lease heartbeat's thread while the consumer changes the sets: a read that keeps colliding
     with a change says None (renew every tag held, as before this check; the next beat reads again)."""
     for _ in range(5):
@@ -120,4 +121,20 @@ def celery_delivery_tags() -> set[str] | None:
             continue
         return {str(request.message.delivery_tag) for request in requests
                 if getattr(request, "message", None) is not None}
+    return None
+
+
+def running_delivery_tag(task_id: str) -> str | None:
+    """The delivery tag of the running attempt of `task_id`, from `task_postrun`: its request is
+    still active then (`task_ready` follows), and a retry that shares the id is not active yet."""
+    for _ in range(5):
+        try:
+            running = [request for request in celery_state.active_requests if request.id == task_id]
+        except RuntimeError:  # the set changed while read
+            continue
+        for request in running:
+            tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+            if tag is not None:
+                return str(tag)
+        return None
     return None

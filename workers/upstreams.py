@@ -52,6 +52,9 @@ SPILL_GRACE_S = 0.05
 # pays up to seconds. Measured (bench.affinity, 4 hosts): spills moved 62 of 1,200 samples and 23
 # of 300 turns to a cold host: ~15% of the prompt tokens the hosts prefilled.
 WARM_SPILL_GRACE_S = 2.0
+# Requests that may wait the longer grace at once, per worker: fewer than its spare threads
+# (`workers/runtime.py`, 16), so that the other spares keep the other hosts' freed slots filled.
+WARM_WAITERS_MAX = 8
 # (host, prompt) pairs remembered per worker (~200 bytes each); samples are queued 256 prompts apart.
 PROMPTS_REMEMBERED = 16_384
 
@@ -96,6 +99,7 @@ class UpstreamPool:
         self._cond = threading.Condition()
         # (host, prompt) pairs lately sent, oldest first: the prompt is warm in that host's cache.
         self._recent: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._warm_waiting = 0  # requests now waiting the longer grace for their warm host
         self._stop = threading.Event()
         self._prober = threading.Thread(target=self._probe_loop, name="upstream-health", daemon=True)
 
@@ -113,22 +117,35 @@ class UpstreamPool:
         there past the load bound, and waits `WARM_SPILL_GRACE_S` for a slot before spilling."""
         deadline = grace_from = time.monotonic()
         deadline += wait_s
+        waiting_warm = False  # counted in `_warm_waiting`: waits the longer grace
         with self._cond:
-            while (state := self._pick(avoid, affinity, prompt, waited=time.monotonic() - grace_from)) is None:
-                if should_stop():
-                    raise ShutdownRequested()
-                now = time.monotonic()
-                remaining = deadline - now
-                if remaining <= 0:
-                    raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "
-                                              + ", ".join(self._describe()))
-                if self._has_free_slot():  # only its preferred host is full: wait out the grace
-                    spill_at = grace_from + self._spill_grace(affinity, avoid, prompt)
-                    self._cond.wait(timeout=max(min(spill_at - now, remaining), 0.001))
-                else:
-                    # A new wait for a slot: its grace starts when one frees.
-                    self._cond.wait(timeout=min(remaining, 1.0))
-                    grace_from = time.monotonic()
+            try:
+                while True:
+                    grace = WARM_SPILL_GRACE_S if waiting_warm else SPILL_GRACE_S
+                    state = self._pick(avoid, affinity, prompt, waited=time.monotonic() - grace_from, grace=grace)
+                    if state is not None:
+                        break
+                    if should_stop():
+                        raise ShutdownRequested()
+                    now = time.monotonic()
+                    remaining = deadline - now
+                    if remaining <= 0:
+                        raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "
+                                                  + ", ".join(self._describe()))
+                    if self._has_free_slot():  # only its preferred host is full: wait out the grace
+                        if (not waiting_warm and self._warm_waiting < WARM_WAITERS_MAX
+                                and self._warm_on_preferred(affinity, avoid, prompt)):
+                            waiting_warm = True
+                            self._warm_waiting += 1
+                            continue
+                        self._cond.wait(timeout=max(min(grace_from + grace - now, remaining), 0.001))
+                    else:
+                        # A new wait for a slot: its grace starts when one frees.
+                        self._cond.wait(timeout=min(remaining, 1.0))
+                        grace_from = time.monotonic()
+            finally:
+                if waiting_warm:
+                    self._warm_waiting -= 1
             state.in_flight += 1
             if prompt is not None and self._keyed(affinity):
                 self._remember(state.url, prompt)
@@ -150,6 +167,7 @@ class UpstreamPool:
             state.consecutive_failures += 1
             if state.consecutive_failures >= self.failure_threshold and not state.is_open:
                 state.open_until = time.monotonic() + self.open_s
+                self._forget_host(url)
                 log.warning("circuit open for %s after %d consecutive failures", url, state.consecutive_failures)
 
     def in_flight(self) -> dict[str, int]:
@@ -182,21 +200,21 @@ class UpstreamPool:
                 elif not ok:
                     state.consecutive_failures = max(state.consecutive_failures, self.failure_threshold)
                     state.open_until = time.monotonic() + self.open_s
+                    self._forget_host(url)
             if recovered:
                 self.on_recovered(url)
 
     def _pick(self, avoid: str | None, affinity: bytes | None = None, prompt: bytes | None = None, *,
-              waited: float = float("inf")) -> UpstreamState | None:
+              waited: float = float("inf"), grace: float = SPILL_GRACE_S) -> UpstreamState | None:
         """The host for the next request, or None to wait. `waited`: how long the request has
-        waited for a slot; past its grace, a request whose preferred host is full goes elsewhere."""
+        waited for a slot; past its `grace`, a request whose preferred host is full goes elsewhere."""
         ready = [s for s in self.states.values() if not s.is_open and s.in_flight < self.per_upstream_cap]
         if self._keyed(affinity):
             preferred = self._preferred(affinity, avoid)  # type: ignore[arg-type]
             if preferred is not None:
-                warm = self._warm(preferred, prompt)
-                if preferred in ready and (warm or preferred.in_flight < self._load_bound()):
+                if preferred in ready and (self._warm(preferred, prompt) or preferred.in_flight < self._load_bound()):
                     return preferred
-                if preferred not in ready and waited < (WARM_SPILL_GRACE_S if warm else SPILL_GRACE_S):
+                if preferred not in ready and waited < grace:
                     return None
         if not ready:
             return None
@@ -208,9 +226,14 @@ class UpstreamPool:
     def _warm(self, state: UpstreamState, prompt: bytes | None) -> bool:
         return prompt is not None and (state.url, prompt) in self._recent
 
-    def _spill_grace(self, affinity: bytes | None, avoid: str | None, prompt: bytes | None) -> float:
+    def _warm_on_preferred(self, affinity: bytes | None, avoid: str | None, prompt: bytes | None) -> bool:
         preferred = self._preferred(affinity, avoid) if self._keyed(affinity) else None  # type: ignore[arg-type]
-        return WARM_SPILL_GRACE_S if preferred is not None and self._warm(preferred, prompt) else SPILL_GRACE_S
+        return preferred is not None and self._warm(preferred, prompt)
+
+    def _forget_host(self, url: str) -> None:
+        """A host that went down may come back with an empty cache: none of its prompts is warm."""
+        for pair in [pair for pair in self._recent if pair[0] == url]:
+            del self._recent[pair]
 
     def _remember(self, url: str, prompt: bytes) -> None:
         self._recent[(url, prompt)] = None

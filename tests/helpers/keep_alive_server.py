@@ -24,8 +24,9 @@ class Seen:
 
 
 # How the server treats request `n` (0-based) of connection `c`: "answer" (a whole chunked stream,
-# connection kept), "answer-close" (answer, then close it as a keep-alive timeout would) or "drop"
-# (read the request, close without a byte).
+# connection kept), "answer-close" (answer, then close it as a keep-alive timeout would), "cut"
+# (every event, then close without the body's last chunk) or "drop" (read the request, close
+# without a byte).
 Behaviour = Callable[[int, int], str]
 
 
@@ -60,6 +61,9 @@ def keep_alive_server(behaviour: Behaviour = lambda c, n: "answer",
                                  b"transfer-encoding: chunked\r\n\r\n")
                 for event in (b"data: " + json.dumps(FINAL).encode() + b"\n\n", b"data: [DONE]\n\n"):
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                if action == "cut":
+                    self.wfile.flush()
+                    return
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
                 if action == "answer-close":

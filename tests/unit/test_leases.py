@@ -36,13 +36,13 @@ def fetched_long_ago(client, tag: str, seconds: float = 600) -> None:
 
 def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_message_is_acked(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
-    keeper.hold("task-1", held)
+    keeper.hold(held)
     assert 59 < lease_left(redis_client, held) <= 60
     redis_client.zadd(LEASES, {held: time.time() + 1})  # a minute goes by
     keeper.renew()
     assert 59 < lease_left(redis_client, held) <= 60
 
-    keeper.release("task-1")
+    keeper.release(held)
     redis_client.zadd(LEASES, {held: time.time() + 1})
     keeper.renew()
     # Not renewed, and not deleted either: until the ack the message must not look abandoned.
@@ -54,7 +54,7 @@ def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_messa
 
 def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
-    keeper.hold("task-1", held)
+    keeper.hold(held)
     redis_client.hdel(KOMBU_UNACKED, held)  # restored elsewhere, or acked
     redis_client.zadd(LEASES, {held: time.time() + 1})
     keeper.renew()
@@ -64,21 +64,40 @@ def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client
 def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_client):
     """Celery's retry keeps the task id, so a worker may receive the retry (its own delivery tag)
     before the attempt's `task_postrun`: releasing the attempt must not drop the retry's lease, or
-    the reaper re-queues the retry while Celery holds it for its countdown (generated twice)."""
+    the reaper re-queues the retry while Celery holds it for its countdown (generated twice). The
+    attempt's own tag is released, read from Celery's running request (`running_delivery_tag`)."""
+    from celery.worker import state
+
+    from workers.runtime import running_delivery_tag
+
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda: {"t-attempt", "t-retry"})
     for tag in ("t-attempt", "t-retry"):
         redis_client.hset(KOMBU_UNACKED, tag, "[]")
-    keeper.hold("task-1", "t-attempt")
-    keeper.hold("task-1", "t-retry")
-    keeper.release("task-1")  # the attempt's postrun
+    attempt, retry = CeleryRequest("t-attempt"), CeleryRequest("t-retry")
+    state.task_accepted(attempt)
+    keeper.hold("t-attempt")
+    state.task_scheduled(retry)
+    keeper.hold("t-retry")
+    try:
+        keeper.release(running_delivery_tag("task-1"))  # the attempt's postrun
+    finally:
+        state.reset_state()
     redis_client.zadd(LEASES, {"t-attempt": time.time() + 1, "t-retry": time.time() + 1})
     keeper.renew()
     assert lease_left(redis_client, "t-retry") > 59
     assert lease_left(redis_client, "t-attempt") <= 1  # left to lapse until its ack
-    keeper.release("task-1")  # the retry's postrun
+    keeper.release("t-retry")  # the retry's postrun
     redis_client.hdel(KOMBU_UNACKED, "t-attempt", "t-retry")
     keeper.renew()
     assert redis_client.zcard(LEASES) == 0
+
+
+class CeleryRequest:
+    """What genfleet reads of a celery `Request`: its task id, name and message's delivery tag."""
+
+    def __init__(self, tag: str) -> None:
+        self.id, self.name = "task-1", "genfleet.generate"
+        self.message = type("Message", (), {"delivery_tag": tag})()
 
 
 def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_id():
@@ -88,12 +107,7 @@ def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_i
 
     from workers.runtime import celery_delivery_tags
 
-    class Request:  # what the function reads of celery's Request: its message's delivery tag
-        def __init__(self, tag: str) -> None:
-            self.id, self.name = "task-1", "genfleet.generate"
-            self.message = type("Message", (), {"delivery_tag": tag})()
-
-    attempt, retry = Request("t-attempt"), Request("t-retry")
+    attempt, retry = CeleryRequest("t-attempt"), CeleryRequest("t-retry")
     state.task_accepted(attempt)
     state.task_scheduled(retry)  # received while the attempt ran, waiting for its countdown
     try:
@@ -106,7 +120,7 @@ def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_i
 
 def test_the_reaper_leaves_a_message_alone_while_its_lease_is_renewed_however_old_it_is(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1)
-    keeper.hold("task-1", held)
+    keeper.hold(held)
     fetched_long_ago(redis_client, held)
     assert Reaper(redis_client, ttl_s=5, interval_s=1).reap_once() == []
     assert redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 0
@@ -118,7 +132,7 @@ def test_a_message_fetched_within_a_lease_is_left_alone_before_its_lease_is_writ
 
 
 def test_an_expired_lease_gets_its_message_restored_exactly_once(redis_client, held):
-    LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1).hold("task-1", held)
+    LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1).hold(held)
     fetched_long_ago(redis_client, held)
     redis_client.zadd(LEASES, {held: time.time() - 1})  # its worker died: nobody renews it
 

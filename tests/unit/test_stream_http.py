@@ -4,16 +4,17 @@ this process that keeps connections alive, closes them or drops a request as a t
 from __future__ import annotations
 
 import base64
+import http.client
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from helpers.keep_alive_server import keep_alive_server
 
 from workers.errors import TransientError
-from workers.sglang.stream_http import Origin, StreamConnections, UpstreamURLError, response_blocks
+from workers.sglang.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
 
 
 @pytest.fixture
@@ -23,10 +24,11 @@ def connections() -> Iterator[StreamConnections]:
     pool.close()
 
 
-def stream(connections: StreamConnections, upstream: str) -> list[bytes]:
+def stream(connections: StreamConnections, upstream: str, finished: Callable[[], bool] = lambda: False,
+           ) -> list[bytes]:
     with connections.post(upstream, "/generate", {"input_ids": [1]}) as response:
         assert response.status == 200
-        return list(response_blocks(response, lambda: False))
+        return list(response.blocks(finished))
 
 
 def test_streams_share_kept_connections_at_most_one_per_concurrent_stream(connections):
@@ -48,14 +50,30 @@ def test_a_kept_connection_the_server_closed_meanwhile_is_replaced_before_use(co
     assert [(c, n) for c, n, _, _ in seen.requests] == [(0, 0), (1, 0)]
 
 
-def test_a_kept_connection_dropped_as_the_request_goes_out_is_replaced_once(connections):
-    """The timeout racing the next request: the server closes the connection with the request
-    unread. The request never reached the server's application: it is sent again on a new one."""
+def test_a_request_the_server_took_and_dropped_is_not_sent_again(connections):
+    """Once the request is out the server may have taken it (a proxy that forwarded it, then dropped
+    the connection): sending it again could generate it twice. The attempt fails instead."""
     with keep_alive_server(lambda c, n: "drop" if (c, n) == (0, 1) else "answer") as (url, seen):
         stream(connections, url)
-        blocks = stream(connections, url)
-    assert b"[DONE]" in b"".join(blocks)
-    assert [(c, n) for c, n, _, _ in seen.requests] == [(0, 0), (0, 1), (1, 0)]
+        with pytest.raises(http.client.RemoteDisconnected):
+            stream(connections, url)
+    assert [(c, n) for c, n, _, _ in seen.requests] == [(0, 0), (0, 1)]
+
+
+def test_a_body_cut_short_never_returns_its_connection_for_reuse(connections):
+    """A chunked body cut at a chunk boundary leaves `HTTPResponse.isclosed()` true: only a body
+    read to its end makes the connection fit for another request."""
+    with keep_alive_server(lambda c, n: "cut") as (url, _seen):
+        blocks = stream(connections, url, finished=lambda: True)  # the final chunk had arrived
+    assert b"[DONE]" in b"".join(blocks) and not connections._idle.get(url)
+
+
+def test_once_interrupted_no_stream_starts(connections):
+    with keep_alive_server() as (url, seen):
+        connections.interrupt()
+        with pytest.raises(SendFailed):
+            stream(connections, url)
+    assert not seen.requests
 
 
 def test_a_new_connection_dropped_without_an_answer_fails_the_attempt_once(sglang_client):
@@ -73,7 +91,8 @@ def test_an_upstream_below_a_path_with_credentials_gets_both(connections):
     assert headers["authorization"] == "Basic " + base64.b64encode(b"user:p@ss").decode()
 
 
-@pytest.mark.parametrize("url", ["localhost:30000", "ftp://host:30000", "http://", "http://host:port"])
+@pytest.mark.parametrize("url", ["localhost:30000", "ftp://host:30000", "http://", "http://host:port",
+                                 "http://gpu1:30000/prefixé"])
 def test_an_upstream_that_is_not_an_http_url_is_refused_by_name(url):
-    with pytest.raises(UpstreamURLError, match="URL|http|host"):
+    with pytest.raises(UpstreamURLError, match="URL|http|host|ASCII"):
         Origin.parse(url)

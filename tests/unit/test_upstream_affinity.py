@@ -140,3 +140,34 @@ def test_a_full_host_keeps_a_warm_prompt_waiting_longer_before_it_spills(monkeyp
     assert url == HOSTS[1] and waited < SPILL_GRACE_S + 0.2
     url, waited = waited_for(b"warm")
     assert url == HOSTS[1] and 0.4 <= waited < 0.8
+
+
+def test_past_the_warm_waiters_allowed_a_warm_prompt_spills_after_the_short_grace(monkeypatch):
+    """Each waiter holds a task thread: more of them than the spare threads would leave the other
+    hosts' freed slots with no thread to fill them."""
+    monkeypatch.setattr("workers.upstreams.WARM_SPILL_GRACE_S", 5.0)
+    monkeypatch.setattr("workers.upstreams.WARM_WAITERS_MAX", 1)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
+    slots = Slots(pool)
+    key = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}[HOSTS[0]]
+    slots.take(affinity=key, prompt=b"warm")
+    slots.take(affinity=key, prompt=b"warm")  # h0 holds the prompt, and is full
+    first_waits = threading.Thread(target=lambda: slots.take(affinity=key, prompt=b"warm"))
+    first_waits.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert slots.take(affinity=key, prompt=b"warm") == HOSTS[1]  # the second warm waiter: no long wait
+    assert time.monotonic() - started < SPILL_GRACE_S + 0.2
+    slots.give_back(0)
+    first_waits.join(timeout=2)
+    assert pool.in_flight() == {HOSTS[0]: 2, HOSTS[1]: 1}
+
+
+def test_a_host_whose_circuit_opened_holds_no_warm_prompt():
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    key = b"leading tokens of one prompt"
+    with pool.lease(affinity=key, prompt=b"p") as home:
+        pass
+    for _ in range(pool.failure_threshold):
+        pool.report(home, ok=False)
+    assert not any(url == home for url, _ in pool._recent)

@@ -19,7 +19,7 @@ from workers.sglang.chat_stream import ChatStreamAssembler
 from workers.sglang.generate_stream import StreamAssembler
 from workers.sglang.server_info import ModelIdentity, ServerInfo
 from workers.sglang.sse import data_payloads
-from workers.sglang.stream_http import StreamConnections, error_body, response_blocks
+from workers.sglang.stream_http import StreamConnections
 from workers.sglang.wire_errors import http_error, transport_errors
 
 if TYPE_CHECKING:
@@ -173,8 +173,8 @@ class SglangClient:
         with (transport_errors(url, self.stall_timeout_s, should_stop),
               self.streams.post(upstream, path, body) as response):
             if response.status != 200:
-                raise http_error(response.status, url, error_body(response))
-            for data in data_payloads(response_blocks(response, lambda: assembler.finished)):
+                raise http_error(response.status, url, response.error_body())
+            for data in data_payloads(response.blocks(lambda: assembler.finished)):
                 if should_stop():
                     raise ShutdownRequested()
                 if time.monotonic() > deadline:

@@ -11,7 +11,7 @@ CPU per generated token against 14.1, about 1.2 ms less per task.
 What the pool did is kept: a connection goes back for the next stream only when its response was
 read to the end (`HTTPResponse.isclosed()`), a stream cut short closes it (so the server sees the
 client leave), a kept connection the server has closed meanwhile is noticed before reuse, and one
-dropped as the request goes out is replaced once.
+found closed as the request is sent is replaced once; a request already sent is never sent again.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 # A kept connection failing this way as a request goes out was closed by the server meanwhile.
-STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
+                    ssl.SSLEOFError)
 READ_SIZE = 65536
 ERROR_BODY_LIMIT = 65536
 
@@ -52,6 +53,8 @@ class Origin:
     @classmethod
     def parse(cls, url: str) -> Origin:
         """Raises UpstreamURLError saying what is wrong (the worker's CLI prints it at start)."""
+        if not url.isascii():
+            raise UpstreamURLError("has characters that are not ASCII (percent-encode them, or use the IDNA host name)")
         try:
             parts = urlsplit(url)
             port = parts.port  # raises ValueError for a port that is not a number in range
@@ -115,7 +118,7 @@ class StreamConnections:
         self._interrupted = False  # the worker is stopping: a dropped connection is not replaced
 
     @contextmanager
-    def post(self, upstream: str, path: str, body: dict[str, Any]) -> Iterator[http.client.HTTPResponse]:
+    def post(self, upstream: str, path: str, body: dict[str, Any]) -> Iterator[StreamResponse]:
         """POST `body` as JSON to `upstream + path`; yields the response with its headers read. On
         leaving, a response not read to its end closes the connection; one read to its end goes
         back for the next stream."""
@@ -127,12 +130,15 @@ class StreamConnections:
         # httpx's own encoding of `json=` (0.28 `_content.py::encode_json`).
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         connection, sock, response = self._request(upstream, origin, origin.path + path, payload, headers)
+        stream = StreamResponse(response)
         try:
-            yield response
+            yield stream
         finally:
             with self._lock:
                 self._reading.discard(sock)
-            self._give_back(upstream, connection, reusable=response.isclosed())
+            if not stream.complete:
+                response.close()  # with `Connection: close` the response holds the socket, not the connection
+            self._give_back(upstream, connection, reusable=stream.complete)
 
     def interrupt(self) -> None:
         """Wake every thread blocked reading a stream: shutdown makes a blocked recv() return at
@@ -141,10 +147,7 @@ class StreamConnections:
             self._interrupted = True
             reading = list(self._reading)
         for sock in reading:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
+            _shut(sock)
 
     def close(self) -> None:
         """Close the kept connections; one in use now is closed when its stream ends."""
@@ -192,30 +195,39 @@ class StreamConnections:
     def _request(self, upstream: str, origin: Origin, path: str, payload: bytes, headers: dict[str, str],
                  ) -> tuple[http.client.HTTPConnection, socket.socket, http.client.HTTPResponse]:
         """Send the request and read the response's head; the connection, its socket (registered
-        for `interrupt`) and the response. A kept connection the server dropped as the request went
-        out (a keep-alive timeout racing it: no response, or a reset) is replaced once; failing to
-        send at all raises SendFailed."""
+        for `interrupt`) and the response. Failing to send raises SendFailed, after one more try on
+        a new connection when a kept one was found closed as the request went out. A failure once
+        the request is out is not retried here: the server may have taken it (a proxy that dropped
+        the connection after forwarding it), and sending it again would generate it twice."""
+        if self._interrupted:
+            raise SendFailed(ConnectionAbortedError("the worker is stopping"))
         connection = self._take(upstream, origin)
         for attempt in (1, 2):
             reused = connection.sock is not None
-            sock = None
             try:
                 connection.request("POST", path, body=payload, headers=headers)
-                sock = connection.sock
-                assert sock is not None
-                with self._lock:
-                    self._reading.add(sock)
-                return connection, sock, connection.getresponse()
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
-                if sock is not None:
-                    with self._lock:
-                        self._reading.discard(sock)
                 if reused and attempt == 1 and isinstance(error, STALE_CONNECTION) and not self._interrupted:
                     connection = self._new_connection(origin)
                     continue
-                if sock is None:
-                    raise SendFailed(error) from None
+                raise SendFailed(error) from None
+            except BaseException:
+                connection.close()
+                raise
+            sock = connection.sock
+            assert sock is not None
+            with self._lock:
+                self._reading.add(sock)
+                interrupted = self._interrupted
+            if interrupted:  # `interrupt` ran as this request went out: cut it as it would have
+                _shut(sock)
+            try:
+                return connection, sock, connection.getresponse()
+            except BaseException:
+                connection.close()
+                with self._lock:
+                    self._reading.discard(sock)
                 raise
         raise AssertionError("unreachable")
 
@@ -229,25 +241,44 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-def response_blocks(response: http.client.HTTPResponse, finished: Callable[[], bool]) -> Iterator[bytes]:
-    """The body's blocks as they arrive, read to its end (which lets the connection be kept). Once
-    the final chunk has arrived, a transport error ends the body instead: the generation is whole
-    and only the connection is lost."""
-    while True:
-        try:
-            block = response.read1(READ_SIZE)
-        except (OSError, http.client.HTTPException):
-            if finished():
-                return
-            raise
-        if not block:
-            return
-        yield block
-
-
-def error_body(response: http.client.HTTPResponse) -> bytes:
-    """Up to 64 KiB of a refused request's body, for its error message."""
+def _shut(sock: socket.socket) -> None:
     try:
-        return response.read(ERROR_BODY_LIMIT)
-    except (OSError, http.client.HTTPException):
-        return b""
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+class StreamResponse:
+    """A response being read: its status, its body's blocks, and whether the body was read to its
+    end. Only then may the connection carry another request: `HTTPResponse.isclosed()` alone does
+    not say so (a chunked body cut at a chunk boundary closes the response, then raises)."""
+
+    def __init__(self, response: http.client.HTTPResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.complete = False
+
+    def blocks(self, finished: Callable[[], bool]) -> Iterator[bytes]:
+        """The body's blocks as they arrive, read to its end (which lets the connection be kept).
+        Once the final chunk has arrived, a transport error ends the body instead: the generation
+        is whole and only the connection is lost."""
+        while True:
+            try:
+                block = self._response.read1(READ_SIZE)
+            except (OSError, http.client.HTTPException):
+                if finished():
+                    return
+                raise
+            if not block:
+                self.complete = True
+                return
+            yield block
+
+    def error_body(self) -> bytes:
+        """Up to 64 KiB of a refused request's body, for its error message."""
+        try:
+            body = self._response.read(ERROR_BODY_LIMIT)
+        except (OSError, http.client.HTTPException):
+            return b""
+        self.complete = self._response.isclosed()
+        return body
