@@ -52,9 +52,11 @@ SPILL_GRACE_S = 0.05
 # pays up to seconds. Measured (bench.affinity, 4 hosts): spills moved 62 of 1,200 samples and 23
 # of 300 turns to a cold host: ~15% of the prompt tokens the hosts prefilled.
 WARM_SPILL_GRACE_S = 2.0
-# Requests that may wait the longer grace at once, per worker: fewer than its spare threads
-# (`workers/runtime.py`, 16), so that the other spares keep the other hosts' freed slots filled.
-WARM_WAITERS_MAX = 8
+# Requests that may wait the longer grace at once, per worker: no more than its spare threads
+# (`workers/runtime.py`, 16). Each waiter holds a task thread; past the spares, another host's freed
+# slot would have no thread to fill it. The bound costs cache: bench.affinity at 4 hosts measured
+# prefill 0.45x least-busy's without it, 0.51x with 16, 0.53x with 8 (one run each, 2026-12-01).
+WARM_WAITERS_MAX = 16
 # (host, prompt) pairs remembered per worker (~200 bytes each); samples are queued 256 prompts apart.
 PROMPTS_REMEMBERED = 16_384
 
