@@ -110,31 +110,31 @@ def celery_delivery_tags() -> set[str] | None:
     """The delivery tags of the messages this process's Celery still means to run: scheduled (a
     countdown retry waiting for its time), reserved or running (celery 5.7 `worker/state.py`:
     `Consumer.on_close` empties the first two when the broker connection drops). A request held in
-    a rate-limit bucket is in none of them: no genfleet task has a `rate_limit`. Read from the
-    lease heartbeat's thread while the consumer changes the sets: a read that keeps colliding
-    with a change says None (renew every tag held, as before this check; the next beat reads again)."""
-    for _ in range(5):
-        try:
-            requests = [*celery_state.scheduled_requests, *celery_state.reserved_requests,
-                        *celery_state.active_requests]
-        except RuntimeError:  # "set changed size during iteration"
-            continue
-        return {str(request.message.delivery_tag) for request in requests
-                if getattr(request, "message", None) is not None}
-    return None
+    a rate-limit bucket is in none of them: no genfleet task has a `rate_limit`. None when the sets
+    could not be read (renew every tag held, as before this check; the next beat reads again)."""
+    requests = _celery_requests(celery_state.scheduled_requests, celery_state.reserved_requests,
+                                celery_state.active_requests)
+    return None if requests is None else {tag for request in requests if (tag := _delivery_tag(request))}
 
 
 def running_delivery_tag(task_id: str) -> str | None:
     """The delivery tag of the running attempt of `task_id`, from `task_postrun`: its request is
     still active then (`task_ready` follows), and a retry that shares the id is not active yet."""
+    running = _celery_requests(celery_state.active_requests) or []
+    return next((tag for request in running if request.id == task_id and (tag := _delivery_tag(request))), None)
+
+
+def _celery_requests(*request_sets: Any) -> list[Any] | None:
+    """Celery's request sets, read from another thread while the consumer changes them: a read
+    that keeps colliding with a change ("set changed size during iteration") gives None."""
     for _ in range(5):
         try:
-            running = [request for request in celery_state.active_requests if request.id == task_id]
-        except RuntimeError:  # the set changed while read
+            return [request for requests in request_sets for request in requests]
+        except RuntimeError:
             continue
-        for request in running:
-            tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-            if tag is not None:
-                return str(tag)
-        return None
     return None
+
+
+def _delivery_tag(request: Any) -> str | None:
+    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+    return None if tag is None else str(tag)
