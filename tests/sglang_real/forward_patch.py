@@ -1,0 +1,91 @@
+"""The one piece of SGLang 0.5.23 this tier replaces: `ModelRunner.forward`, the model's forward
+pass. Everything around it is SGLang's own: the HTTP server and TokenizerManager, the scheduler
+(admission by `max_new_tokens` reservation, chunked prefill, the radix cache, retraction, abort),
+the sampler with its penalties, the output streamer and the detokenizer.
+
+The patched forward sees only what a model sees: the batch's new tokens, and the KV cache of the
+tokens before them. It stores each token's id in its KV slot (the first two elements of layer 0's
+key, as id % 256 and id // 256: exact in any float dtype SGLang's CPU engine uses) and reads a
+request's whole sequence back through `req_to_token_pool`, so a prefix the radix cache shares is
+read from the cache, as a real model's attention would. The next-token logits put all the
+probability on the plan's token (`plan.Planner`); the sampler still runs on them.
+
+A request's turn is found at each extend (prefill or chunk) and kept per `req_pool_index`; a decode
+step only advances it. That keeps a step O(batch), not O(batch x length).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from plan import PlanVocab, Planner, split_context
+
+PLANNED_LOGIT = 100.0  # softmax puts ~1 - 3000 * e^-100 on the planned token at any temperature <= 1
+
+
+class PlanForward:
+    def __init__(self, model_dir: Path | str, vocab_size: int) -> None:
+        self.vocab = PlanVocab.from_dir(model_dir)
+        self.planner = Planner(self.vocab)
+        self.vocab_size = vocab_size
+        # req_pool_index -> (turn, the sequence it follows, where the turn starts in the sequence)
+        self.active: dict[int, tuple] = {}
+
+    def __call__(self, runner, forward_batch):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.model_executor.model_runner import ModelRunnerOutput
+
+        batch = forward_batch
+        size = batch.batch_size
+        logits = torch.zeros((size, self.vocab_size), dtype=torch.float32)
+        if size == 0 or batch.forward_mode.is_idle():
+            return ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
+        keys = runner.token_to_kv_pool.get_key_buffer(0)
+        new_ids = batch.input_ids.to(torch.int64)
+        locations = batch.out_cache_loc.to(torch.int64)
+        keys[locations, 0, 0] = (new_ids % 256).to(keys.dtype)
+        keys[locations, 0, 1] = (new_ids // 256).to(keys.dtype)
+        seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
+        pool_indices = batch.req_pool_indices.cpu().tolist()
+        if batch.forward_mode.is_decode():
+            next_ids = [self._decode(index, seq_len) for index, seq_len in zip(pool_indices, seq_lens)]
+        else:
+            next_ids = [self._extend(runner, keys, index, seq_len) for index, seq_len in zip(pool_indices, seq_lens)]
+        logits[torch.arange(size), torch.tensor(next_ids)] = PLANNED_LOGIT
+        return ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
+
+    def _sequence(self, runner, keys, pool_index: int, seq_len: int) -> list[int]:
+        slots = runner.req_to_token_pool.req_to_token[pool_index, :seq_len].to(torch.int64)
+        pairs = keys[slots, 0, :2].to(torch.int64)
+        return (pairs[:, 0] + 256 * pairs[:, 1]).tolist()
+
+    def _extend(self, runner, keys, pool_index: int, seq_len: int) -> int:
+        sequence = self._sequence(runner, keys, pool_index, seq_len)
+        start = split_context(sequence, self.vocab)
+        turn = self.planner.turn(sequence[:start])
+        head = turn.head_for(sequence[start:])
+        self.active[pool_index] = (turn, head, start)
+        return self.vocab.eos if head is None else turn.token_at(head, seq_len - start)
+
+    def _decode(self, pool_index: int, seq_len: int) -> int:
+        """The sequence so far is the plan's (checked at the extend, and every token decoded since
+        was the planned one: the logits leave the sampler no other choice), so only the position
+        matters: `seq_len` counts the token this step feeds in."""
+        turn, head, start = self.active.get(pool_index, (None, None, 0))
+        return self.vocab.eos if head is None else turn.token_at(head, seq_len - start)
+
+
+def install(model_dir: Path | str) -> None:
+    """Replace `ModelRunner.forward` in this (the scheduler's) process."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    state: dict[str, PlanForward] = {}
+
+    def forward(self, forward_batch, *args, **kwargs):
+        plan = state.get("plan")
+        if plan is None:
+            plan = state["plan"] = PlanForward(model_dir, self.model_config.vocab_size)
+        return plan(self, forward_batch)
+
+    ModelRunner.forward = forward
