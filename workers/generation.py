@@ -9,6 +9,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import replace
 
+from common.reasoning import get_format, starts_in_reasoning
 from common.records import TaskPayload, Turn, Usage
 from common.tokenizer import render_prompts
 from workers.errors import GenerationError, PermanentError
@@ -73,7 +74,8 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
                                                  should_stop=stop, watch=watch)
             else:
                 body = generate_body(payload, input_ids, skip_special_tokens=settings.skip_special_tokens,
-                                     stream_interval=settings.stream_interval)
+                                     stream_interval=settings.stream_interval,
+                                     require_reasoning=in_reasoning(payload, settings.reasoning_parser, prior))
                 generation = runtime.client.generate(upstream, body, deadline=deadline, should_stop=stop,
                                                      watch=watch)
         except GenerationError as error:
@@ -82,6 +84,15 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             raise
         pool.report(upstream, ok=True)
         return joined(prior, generation, decode=exact_decoder(runtime)), upstream
+
+
+def in_reasoning(payload: TaskPayload, parser: str, prior: Continuation | None) -> bool:
+    """Whether this request's output starts inside the reasoning, so SGLang is asked to count its
+    reasoning tokens (`generate_body`): the template opened it, and no earlier part of a continued
+    completion closed it (SGLang counted every token of those parts as reasoning, or it did not)."""
+    if not starts_in_reasoning(get_format(parser), payload.chat_template_kwargs):
+        return False
+    return prior is None or prior.reasoning_tokens >= prior.completion_tokens
 
 
 def exact_decoder(runtime: WorkerRuntime) -> Callable[[list[int]], str] | None:

@@ -12,8 +12,15 @@ from common.records import TaskPayload
 
 
 def generate_body(payload: TaskPayload, input_ids: list[int] | None, *, skip_special_tokens: bool,
-                  stream_interval: int) -> dict[str, Any]:
-    """`/generate`, streamed: the producer's token ids (or the text when there are none)."""
+                  stream_interval: int, require_reasoning: bool = False) -> dict[str, Any]:
+    """`/generate`, streamed: the producer's token ids (or the text when there are none).
+
+    `require_reasoning`: the output starts inside the reasoning (the template opened it). SGLang
+    counts `meta_info.reasoning_tokens` (up to and including the end marker) only for a request
+    that says so (0.5.23 `managers/io_struct.py` `GenerateReqInput.require_reasoning`, read by
+    `scheduler_components/batch_result_processor.py::_maybe_update_reasoning_tokens`; its chat
+    endpoint sets it itself): without it every /generate record counted 0 reasoning tokens. The
+    count needs the server's `--reasoning-parser` (its end marker's ids); without one it stays 0."""
     sampling = {
         **payload.sampling,
         "max_new_tokens": payload.max_new_tokens,
@@ -23,7 +30,10 @@ def generate_body(payload: TaskPayload, input_ids: list[int] | None, *, skip_spe
         "stream_interval": stream_interval,
     }
     prompt = {"input_ids": input_ids} if input_ids is not None else {"text": payload.text}
-    return {**prompt, "stream": True, "sampling_params": sampling}
+    body = {**prompt, "stream": True, "sampling_params": sampling}
+    if require_reasoning:
+        body["require_reasoning"] = True
+    return body
 
 
 def chat_body(payload: TaskPayload, messages: list[dict]) -> dict[str, Any]:
