@@ -52,9 +52,11 @@ def plan_vocab(model: Path) -> PlanVocab:
 @pytest.fixture(scope="session")
 def servers(venv: Path, model: Path) -> Iterator[dict[str, RealServer]]:
     started = {
-        "cumulative": RealServer(venv, model, "--reasoning-parser", "kimi_k2", name="cumulative"),
+        # A weight version of each server's own: records must carry the one their server reports.
+        "cumulative": RealServer(venv, model, "--reasoning-parser", "kimi_k2", "--weight-version", "plan-cumulative-w1",
+                                 name="cumulative"),
         "incremental": RealServer(venv, model, "--incremental-streaming-output", "--reasoning-parser", "deepseek-r1",
-                                  name="incremental"),
+                                  "--weight-version", "plan-incremental-w1", name="incremental"),
     }
     try:
         for server in started.values():

@@ -10,16 +10,23 @@ request's whole sequence back through `req_to_token_pool`, so a prefix the radix
 read from the cache, as a real model's attention would. The next-token logits put all the
 probability on the plan's token (`plan.Planner`); the sampler still runs on them.
 
+When `GENFLEET_PLAN_COUNTERS` names a file, the patch keeps there (as JSON, rewritten at most every
+0.2 s) what the scheduler made it compute: tokens decoded and tokens prefilled (the extend rows:
+what the radix cache did not hold). That is the "GPU work" a benchmark charges, counted where it
+happens instead of inferred from the responses.
+
 A request's turn is found at each extend (prefill or chunk) and kept per `req_pool_index`; a decode
 step only advances it. That keeps a step O(batch), not O(batch x length).
 """
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import torch
-
-from plan import PlanVocab, Planner, split_context
+from plan import Planner, PlanVocab, split_context
 
 PLANNED_LOGIT = 100.0  # softmax puts ~1 - 3000 * e^-100 on the planned token at any temperature <= 1
 
@@ -31,6 +38,25 @@ class PlanForward:
         self.vocab_size = vocab_size
         # req_pool_index -> (turn, the sequence it follows, where the turn starts in the sequence)
         self.active: dict[int, tuple] = {}
+        counters = os.environ.get("GENFLEET_PLAN_COUNTERS")
+        self.counters_path = Path(counters) if counters else None
+        self.counts = {"decoded_tokens": 0, "prefilled_tokens": 0, "forward_passes": 0}
+        self._written_at = 0.0
+
+    def count(self, batch) -> None:
+        if self.counters_path is None:
+            return
+        self.counts["forward_passes"] += 1
+        if batch.forward_mode.is_decode():
+            self.counts["decoded_tokens"] += batch.batch_size
+        else:
+            self.counts["prefilled_tokens"] += int(batch.input_ids.numel())
+        now = time.monotonic()
+        if now - self._written_at >= 0.2:
+            self._written_at = now
+            partial = self.counters_path.with_suffix(".partial")
+            partial.write_text(json.dumps(self.counts))
+            partial.replace(self.counters_path)
 
     def __call__(self, runner, forward_batch):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -41,6 +67,7 @@ class PlanForward:
         logits = torch.zeros((size, self.vocab_size), dtype=torch.float32)
         if size == 0 or batch.forward_mode.is_idle():
             return ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
+        self.count(batch)
         keys = runner.token_to_kv_pool.get_key_buffer(0)
         new_ids = batch.input_ids.to(torch.int64)
         locations = batch.out_cache_loc.to(torch.int64)
@@ -48,10 +75,11 @@ class PlanForward:
         keys[locations, 0, 1] = (new_ids // 256).to(keys.dtype)
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
         pool_indices = batch.req_pool_indices.cpu().tolist()
+        rows = zip(pool_indices, seq_lens, strict=True)
         if batch.forward_mode.is_decode():
-            next_ids = [self._decode(index, seq_len) for index, seq_len in zip(pool_indices, seq_lens)]
+            next_ids = [self._decode(index, seq_len) for index, seq_len in rows]
         else:
-            next_ids = [self._extend(runner, keys, index, seq_len) for index, seq_len in zip(pool_indices, seq_lens)]
+            next_ids = [self._extend(runner, keys, index, seq_len) for index, seq_len in rows]
         logits[torch.arange(size), torch.tensor(next_ids)] = PLANNED_LOGIT
         return ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
 
