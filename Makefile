@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint bench install redis-server chromium prometheus tmux sample-data clean oracle
+.PHONY: demo test test-fast test-sglang sglang-venv lint bench install redis-server chromium prometheus tmux sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,16 @@ test-fast: install redis-server
 # redis-server, ports and temp dirs (tests/conftest.py).
 test: install redis-server chromium prometheus tmux test-fast
 	$(PY) -m pytest -n 2 tests/e2e
+
+# The real-server tier: the fleet against SGLang 0.5.23's own server (its CPU engine; only the
+# model's forward pass is replaced by a deterministic plan, tests/sglang_real/forward_patch.py).
+# SGLang lives in a venv of its own outside the clone (~/.cache/genfleet/sglang-<hash of its lock>),
+# built once by tests/sglang_real/venv.sh: ~2.5 GB, ~2.5 min cold; reused by every later clone.
+sglang-venv:
+	@tests/sglang_real/venv.sh >/dev/null
+
+test-sglang: install redis-server sglang-venv
+	GENFLEET_SGLANG_VENV="$$(tests/sglang_real/venv.sh)" $(PY) -m pytest tests/sglang_real
 
 # A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.

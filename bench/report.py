@@ -14,6 +14,7 @@ from bench.figures import (
     enqueue_figures,
     export_figures,
     format_percent,
+    real_server_figures,
     scaling_figures,
     shared_tail_figures,
     throughput_figures,
@@ -27,6 +28,8 @@ def render(results: Results) -> str:
     lines = _heading(results) + _table(results, numbered) + _warnings(results, numbered)
     if results.scaling:
         lines += ["## What limits scaling on this machine", "", _scaling_limits(results), ""]
+    if results.real_server:
+        lines += _real_server_section(results)
     lines += ["## How each figure is measured", ""] + _methods(results) + [""]
     tail = shared_tail.runs_table(results.shared_tail) if results.shared_tail else []
     lines += ["## Every run", ""] + _runs(results) + tail + [""]
@@ -46,7 +49,7 @@ def _heading(results: Results) -> list[str]:
         f"- **Date**: {m.date}; **commit** {m.commit}",
         f"- **Command**: `bench/run.py --repeats {results.repeats}"
         + (" --quick" if results.quick else "")
-        + (f" --only {','.join(results.only)}" if len(results.only) < 8 else "")
+        + (f" --only {','.join(results.only)}" if len(results.only) < 9 else "")
         + f"` ({results.elapsed_s / 60:.1f} min); 1-minute load average {m.load_start[0]:.2f}{load_end} "
         "(anything above ~0.5 at the start means other work shared the CPUs: the figures are noisier)",
         "",
@@ -55,7 +58,8 @@ def _heading(results: Results) -> list[str]:
 
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
-    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing, 9 shared tail) so a number
+    3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing, 9 shared tail, 10 on
+    SGLang's own server) so a number
     means the same figure in every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
@@ -75,6 +79,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("8", affinity_figures(results.affinity)))
     if results.shared_tail:
         sections.append(("9", shared_tail_figures(results.shared_tail)))
+    if results.real_server:
+        sections.append(("10", real_server_figures(results.real_server)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -94,6 +100,8 @@ def _table(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]:
     if "export" in results.only and not results.export:
         not_measured.append(("5", "Export rate and peak memory, 1,000,000 small records",
                              results.export_error or "not run"))
+    if "real" in results.only and not results.real_server:
+        not_measured.append(("10", "On SGLang's own server", results.real_server_error or "not run"))
     if "control" in results.only and not results.control:
         not_measured.append(("7", "Control plane cost", results.control_error or "not run"))
     for number, name, why in not_measured:
@@ -282,3 +290,65 @@ def _runs(results: Results) -> list[str]:
             lines.append(f"| {v['variant']} | {v['records']:,} | {v['seconds']} | {rate} | {v['peak_rss_mb']} |")
         lines.append("")
     return lines
+
+
+REAL_SECTION = "## On SGLang's own server, beside the simulator (section 10)"
+
+
+def _real_server_section(results: Results) -> list[str]:
+    """Section 10's provenance and, per comparison, the real server's figure beside the sim's: the
+    numbers a claim about SGLang quotes (bench/real_server.py)."""
+    outcome, m = results.real_server, results.machine
+    measured = outcome["measurements"]
+    rows = []
+    if "throughput" in measured:
+        real, sim = measured["throughput"]["real"], measured["throughput"]["sim"]
+        rows += [("throughput, genfleet ÷ baseline", f"{real['throughput_ratio']:.2f}×",
+                  f"{sim['throughput_ratio']:.2f}×"),
+                 ("occupancy (running ÷ 150)", format_percent(real["occupancy"]), format_percent(sim["occupancy"]))]
+    if "affinity" in measured:
+        real, sim = measured["affinity"]["real"], measured["affinity"]["sim"]
+        rows += [("prefill tokens, affinity ÷ least-busy (2 hosts)", f"{real['prefill_ratio']:.2f}×",
+                  f"{sim['prefill_ratio']:.2f}×"),
+                 ("wall time, affinity ÷ least-busy (2 hosts)", f"{real['wall_ratio']:.2f}×",
+                  f"{sim['wall_ratio']:.2f}×")]
+    if "loops" in measured:
+        real, sim = measured["loops"]["real"], measured["loops"]["sim"]
+        rows.append(("tokens decoded, loop guard abort ÷ off", f"{real['decoded_ratio']:.2f}×",
+                     f"{sim['decoded_ratio']:.2f}×"))
+    lines = [REAL_SECTION, "",
+             f"Measured {m.date} at commit {m.commit} on SGLang {outcome['sglang']}'s own server (the real-server "
+             "tier's: its CPU engine, only the model's forward pass replaced by a deterministic plan), each "
+             f"beside `genfleet sim` on the same inputs; {outcome['workload']}. Where the two disagree, quote the "
+             "real server's figure. Its step time is the CPU engine's on this machine's 2 cores, which the client "
+             "shares: a model of no GPU; what carries over is SGLang's scheduler, radix cache and stream.", "",
+             "| figure | SGLang 0.5.23 | genfleet sim |", "|---|---:|---:|"]
+    lines += [f"| {name} | {real} | {sim} |" for name, real, sim in rows]
+    return lines + [""]
+
+
+def splice_real_server(existing: str, fresh: str) -> str:
+    """`existing` (a whole report) with section 10 taken from `fresh` (a report of `--only real`):
+    its rows of the results table and its section replace the old ones, everything else is kept."""
+    def rows(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("| 10.")]
+
+    def section(text: str) -> list[str]:
+        lines = text.splitlines()
+        if REAL_SECTION not in lines:
+            return []
+        start = lines.index(REAL_SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        return lines[start:end]
+
+    old_section, new_rows, new_section = section(existing), rows(fresh), section(fresh)
+    lines = [line for line in existing.splitlines() if not line.startswith("| 10.")]
+    if old_section:
+        start = lines.index(REAL_SECTION)
+        del lines[start:start + len(old_section)]
+    table_end = max(i for i, line in enumerate(lines)
+                    if line.startswith("| ") and line.split("|")[1].strip()[:1].isdigit())
+    lines[table_end + 1:table_end + 1] = new_rows
+    methods = lines.index("## How each figure is measured") if "## How each figure is measured" in lines else len(lines)
+    lines[methods:methods] = new_section
+    return "\n".join(lines) + "\n"

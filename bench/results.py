@@ -85,6 +85,8 @@ class Results:
     shared_tail: dict | None = None  # bench/shared_tail.py: two runs apart and sharing one host, once
     control: dict | None = None  # bench/control_plane.py: raw figures and their model, once
     control_error: str | None = None
+    real_server: dict | None = None  # bench/real_server.py: on SGLang's own server, beside the sim, once
+    real_server_error: str | None = None
     elapsed_s: float = 0.0
 
     def raw(self) -> dict:
@@ -92,4 +94,5 @@ class Results:
                 "throughput": [c.to_dict() for c in self.throughput],
                 "scaling": [s.to_dict() for s in self.scaling], "enqueue": self.enqueue, "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
-                "control": self.control, "shared_tail": self.shared_tail}
+                "control": self.control, "shared_tail": self.shared_tail,
+                "real_server": self.real_server}

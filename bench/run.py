@@ -1,13 +1,15 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
-                                  [--only throughput,scaling,enqueue,export,useful,control,affinity,tail]
-                                  [--out bench/results.md]
+                                  [--only throughput,scaling,enqueue,export,useful,control,affinity,tail,real]
+                                  [--out bench/results.md] [--into-existing]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
 scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark, the control plane's cost,
 routing and the shared tail (two runs on one host, one after the other and sharing it) run once
-(each is minutes on its own). Every benchmark starts and stops its own redis-server, simulators
+(each is minutes on its own), and so does `real`: throughput, routing and the loop guard on SGLang
+0.5.23's own server (the real-server tier's venv, built once), each beside the simulator's figure
+for the same workload (bench/real_server.py). Every benchmark starts and stops its own redis-server, simulators
 and workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from bench import (  # noqa: E402
     control_model,
     control_plane,
     loop_guard,
+    real_server,
     report,
     scaling,
     shared_tail,
@@ -36,7 +39,7 @@ from bench import (  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail")
+MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail", "real")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -72,12 +75,17 @@ def main() -> None:
             _measure_affinity(results)
         if "tail" in only:
             _measure_shared_tail(results)
+        if "real" in only:
+            _measure_real_server(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
     results.machine.finish()
     results.elapsed_s = time.monotonic() - started
-    args.out.write_text(report.render(results))
+    rendered = report.render(results)
+    if args.into_existing and args.out.exists():
+        rendered = report.splice_real_server(args.out.read_text(), rendered)
+    args.out.write_text(rendered)
     log(f"wrote {args.out} in {results.elapsed_s / 60:.1f} min")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +100,8 @@ def _parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--only", default=",".join(MEASUREMENTS),
                         help=f"comma-separated subset of {', '.join(MEASUREMENTS)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--into-existing", action="store_true",
+                        help="with --only real: replace section 10 of the report already at --out, keep the rest")
     parser.add_argument("--json", type=Path, help="also write every run's raw figures here (default with the "
                         "default --out: bench/results/raw.json, which git ignores)")
     args = parser.parse_args()
@@ -165,6 +175,24 @@ def _measure_shared_tail(results: Results) -> None:
     apart, shared = results.shared_tail["cases"]["apart"], results.shared_tail["cases"]["shared"]
     log(f"  one after the other {apart['wall_s']:.1f} s at {apart['job_occupancy']:.1%}, sharing the fleet "
         f"{shared['wall_s']:.1f} s at {shared['job_occupancy']:.1%} (whole-job occupancy)")
+
+
+def _measure_real_server(results: Results) -> None:
+    workload = real_server.QUICK if results.quick else real_server.FULL
+    log(f"on SGLang's own server (once): {workload.describe()}")
+    try:
+        results.real_server = real_server.compare(workload, log=log)
+    except (RuntimeError, TimeoutError, OSError) as error:  # the SGLang venv or a server that did not start
+        results.real_server_error = str(error).splitlines()[0]
+        log(f"  not measured: {error}")
+        return
+    for name, figures in results.real_server["measurements"].items():
+        log(f"  {name}: " + ", ".join(f"{kind} {_headline(name, figure)}" for kind, figure in figures.items()))
+
+
+def _headline(name: str, figure: dict) -> str:
+    key = {"throughput": "throughput_ratio", "affinity": "prefill_ratio", "loops": "decoded_ratio"}[name]
+    return f"{figure[key]:.2f}x"
 
 
 def _measure_control(results: Results) -> None:

@@ -1,0 +1,39 @@
+"""`bench/run.py --only real --into-existing` replaces section 10 of a report and keeps the rest."""
+from __future__ import annotations
+
+import sys
+
+from helpers.paths import REPO
+
+sys.path.insert(0, str(REPO))
+
+from bench.report import REAL_SECTION, splice_real_server  # noqa: E402
+
+EXISTING = "\n".join([
+    "# genfleet benchmarks", "", "| # | figure | median |", "|---|---|---:|", "| 9.1 | tail | 0.91× |",
+    "| 10.1 | real, old | 1.00× |", "", REAL_SECTION, "", "old body", "", "## How each figure is measured", "",
+    "- methods", ""])
+
+
+def fresh(value: str) -> str:
+    return "\n".join(["# x", "", "| # | figure | median |", "|---|---|---:|", f"| 10.1 | real, new | {value} |",
+                      f"| 10.2 | real, second | {value} |", "", REAL_SECTION, "", f"new body {value}", "",
+                      "## How each figure is measured", ""])
+
+
+def test_section_ten_is_replaced_and_every_other_line_kept():
+    out = splice_real_server(EXISTING, fresh("1.50×"))
+    lines = out.splitlines()
+    assert "| 9.1 | tail | 0.91× |" in lines and "- methods" in lines
+    assert [line for line in lines if line.startswith("| 10.")] == ["| 10.1 | real, new | 1.50× |",
+                                                                    "| 10.2 | real, second | 1.50× |"]
+    assert "old body" not in out and "new body 1.50×" in out
+    assert lines.index("| 9.1 | tail | 0.91× |") + 1 == lines.index("| 10.1 | real, new | 1.50× |")
+    assert lines.count(REAL_SECTION) == 1 and lines.index(REAL_SECTION) < lines.index("## How each figure is measured")
+
+
+def test_splicing_twice_leaves_one_section_ten():
+    once = splice_real_server(EXISTING, fresh("1.50×"))
+    twice = splice_real_server(once, fresh("2.00×"))
+    assert len(twice.splitlines()) == len(once.splitlines())
+    assert "1.50×" not in twice and twice.count(REAL_SECTION) == 1
