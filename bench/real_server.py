@@ -199,9 +199,9 @@ class LoadSampler:
 
 # -- one run of genfleet, one of the baseline ---------------------------------------------------------
 
-def run_genfleet(procs: Processes, hosts: Hosts, model: Path, run: str, rows_path: Path, total: int,
-                 enqueue_args: tuple[str, ...] = (), **settings: object) -> dict:
-    _, redis_url = procs.start_redis()
+def run_genfleet(procs: Processes, redis_url: str, hosts: Hosts, model: Path, run: str, rows_path: Path,
+                 total: int, enqueue_args: tuple[str, ...] = (), **settings: object) -> dict:
+    """One run (its own run name) through a fresh worker, on the measurement's one redis-server."""
     output = procs.dir / f"output-{run}"
     env = env_for(redis_url, output, tokenizer=model, **settings)
     worker = procs.start_worker(f"worker-{run}", env, hosts.urls)
@@ -281,7 +281,7 @@ def measure_throughput(kind: str, workload: Workload, model: Path, tmp: Path) ->
     with Processes(prefix=f"genfleet-bench-real-{kind}-") as procs:
         hosts = Hosts(procs, kind, 1, model, ["--length-tokens", "60:180", "--rate", "350", "--knee", "64"])
         try:
-            fleet = run_genfleet(procs, hosts, model, "tp", rows, workload.throughput_prompts,
+            fleet = run_genfleet(procs, procs.start_redis()[1], hosts, model, "tp", rows, workload.throughput_prompts,
                                  ("--max-new-tokens", "2048"))
             hosts.flush_caches()
             baseline = run_baseline(procs, hosts, model, rows, 2048)
@@ -299,12 +299,13 @@ def measure_affinity(kind: str, workload: Workload, model: Path, tmp: Path) -> d
     results = {}
     flags = ["--length-tokens", "30:40", "--rate", "200", "--knee", "64", "--prefill-rate", "20000"]
     with Processes(prefix=f"genfleet-bench-real-affinity-{kind}-") as procs:
+        _, redis_url = procs.start_redis()
         shared = Hosts(procs, kind, 2, model, flags) if kind == "real" else None
         try:
             for mode in ("least-busy", "affinity"):
                 hosts = shared or Hosts(procs, kind, 2, model, flags)
                 hosts.flush_caches()
-                side = run_genfleet(procs, hosts, model, mode.replace("-", ""), rows, total,
+                side = run_genfleet(procs, redis_url, hosts, model, mode.replace("-", ""), rows, total,
                                     ("--samples", "4", "--temperature", "1", "--max-new-tokens", "256"), routing=mode)
                 side["prefilled_tokens"] = side["server"].get("prefilled_tokens",
                                                               side["prompt_tokens"] - side["cached_tokens"])
@@ -323,11 +324,12 @@ def measure_loops(kind: str, workload: Workload, model: Path, tmp: Path) -> dict
     rows = write_rows(tmp / "loops.jsonl", loop_rows(workload.loop_prompts))
     results, texts = {}, {}
     with Processes(prefix=f"genfleet-bench-real-loops-{kind}-") as procs:
+        _, redis_url = procs.start_redis()
         hosts = Hosts(procs, kind, 1, model, ["--length-tokens", "70:150", "--loop-rate", "0.25", "--rate", "350",
                                              "--knee", "64"])
         try:
             for policy in ("off", "abort"):
-                side = run_genfleet(procs, hosts, model, f"loop{policy}", rows, workload.loop_prompts,
+                side = run_genfleet(procs, redis_url, hosts, model, f"loop{policy}", rows, workload.loop_prompts,
                                     ("--loop-guard", policy, "--max-new-tokens", str(workload.loop_max_new_tokens)))
                 side["decoded_tokens"] = side["server"].get("decoded_tokens", side["completion_tokens"])
                 texts[policy] = side["texts"]
