@@ -29,6 +29,9 @@ class ChatRequest:
     stream_reasoning: bool = True
     skip_special_tokens: bool = True
     rid: str | None = None
+    # The request's sampling params as SGLang passes them on (`ChatCompletionRequest.
+    # to_sampling_params`, sglang 0.5.23 `entrypoints/openai/protocol.py`), for `verify_sampling`.
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -45,14 +48,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if effort is not None:
         for toggle in _THINKING_TOGGLES:
             kwargs.setdefault(toggle, effort != "none")
-    if _field(body, "n", int) not in (None, 1):
-        raise InvalidRequest("the simulator serves n=1 only")
-    for number in ("temperature", "top_p"):
-        _field(body, number, (int, float))
     max_completion_tokens = _field(body, "max_completion_tokens", int)
     max_tokens = max_completion_tokens if max_completion_tokens is not None else _field(body, "max_tokens", int)
-    if max_tokens is not None and max_tokens < 0:
-        raise InvalidRequest(f"max_tokens must be at least 0, got {max_tokens}.")
+    sampling = {key: _number(_field(body, source, kind), kind) for key, source, kind in _SAMPLING}
+    sampling["max_new_tokens"] = max_tokens
     rid = _field(body, "rid", (str, list))
     if isinstance(rid, list):
         raise InvalidRequest("the simulator does not serve batch requests (a list of rids)")
@@ -69,6 +68,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream_reasoning=_flag(body, "stream_reasoning", True),
         skip_special_tokens=_flag(body, "skip_special_tokens", True),
         rid=rid,
+        # max_new_tokens stays when null: no limit (SamplingParams skips its checks then).
+        sampling={key: value for key, value in sampling.items() if value is not None or key == "max_new_tokens"},
     )
 
 
@@ -86,6 +87,21 @@ def _message(index: int, message: Any) -> dict[str, Any]:
     return {**message, "content": content}
 
 
+# (sampling param, chat field, type): what `to_sampling_params` takes from the request.
+_SAMPLING = (
+    ("temperature", "temperature", (int, float)),
+    ("top_p", "top_p", (int, float)),
+    ("top_k", "top_k", int),
+    ("min_p", "min_p", (int, float)),
+    ("frequency_penalty", "frequency_penalty", (int, float)),
+    ("presence_penalty", "presence_penalty", (int, float)),
+    ("repetition_penalty", "repetition_penalty", (int, float)),
+    ("min_new_tokens", "min_tokens", int),
+    ("n", "n", int),
+    ("logit_bias", "logit_bias", dict),
+    ("sampling_seed", "seed", int),
+)
+
 _TYPE_NAMES = {bool: "boolean", int: "integer", str: "string", list: "list", dict: "dictionary"}
 
 
@@ -101,6 +117,11 @@ def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], *, req
         names = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
         raise BadRequest(f"{key}: Input should be a valid {names}")
     return value
+
+
+def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
+    """A float field's value as pydantic hands it on: a float (`-1` becomes `-1.0`)."""
+    return float(value) if kind == (int, float) and value is not None else value
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:

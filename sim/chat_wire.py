@@ -12,7 +12,16 @@ from itertools import accumulate
 from typing import Any
 
 from sim.completion import CompletionPlan
-from sim.wire import CUDA_ERROR, QUEUE_FULL, dumps, http_exception_body, sse, unescape
+from sim.wire import (
+    CUDA_ERROR,
+    DEFAULT_WEIGHT_VERSION,
+    QUEUE_FULL,
+    dumps,
+    http_exception_body,
+    sse,
+    unescape,
+    weight_versions,
+)
 
 INTERNAL_ERROR_TYPE = "InternalServerError"
 BAD_REQUEST_TYPE = "BadRequestError"
@@ -44,6 +53,7 @@ class ChatOptions:
     # --enable-cache-report: usage reports the cached prompt tokens (else prompt_tokens_details is
     # null; sglang 0.5.23 `entrypoints/openai/usage_processor.py`).
     cache_report: bool = False
+    weight_version: str = DEFAULT_WEIGHT_VERSION  # the launch's --weight-version
 
 
 class _Span:
@@ -203,7 +213,11 @@ class ChatFrames:
                 "model": options.model,
                 "choices": [choice],
                 "usage": self._usage(plan.completion_tokens if generated is None else generated, count_bias),
-                "metadata": {"weight_version": "default"},
+                # `build_endpoint_weight_version_metadata` (sglang 0.5.23 `utils/weight_versions.py`):
+                # the final meta_info's weight_version and its per-token spans.
+                "metadata": {"weight_version": options.weight_version,
+                             "weight_versions": weight_versions(plan.completion_tokens if generated is None
+                                                                else generated, options.weight_version)},
             }
         )
 

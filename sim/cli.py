@@ -23,6 +23,7 @@ from sim.cli_options import (
     PageSize,
     PrefillRate,
     PrefixCacheTokens,
+    WeightVersion,
     token_range,
 )
 from sim.completion import LengthModel
@@ -82,6 +83,7 @@ def sim_settings(
     prefix_cache_tokens: PrefixCacheTokens = DEFAULT_PREFIX_CACHE_TOKENS,
     page_size: PageSize = DEFAULT_PAGE_SIZE,
     enable_cache_report: EnableCacheReport = False,
+    weight_version: WeightVersion = "default",
     # -- output
     length_median: Annotated[
         float, typer.Option(min=1.0, help="Median completion length in words (lognormal).", rich_help_panel=_OUTPUT)
@@ -254,6 +256,7 @@ def sim_settings(
             ),
             disconnect_abort_s=disconnect_abort_s,
             enable_cache_report=enable_cache_report,
+            weight_version=weight_version,
             stream_interval=stream_interval,
             incremental=incremental,
             seed=seed,

@@ -103,6 +103,16 @@ EnableCacheReport = Annotated[
     ),
 ]
 
+WeightVersion = Annotated[
+    str,
+    typer.Option(
+        "--weight-version",
+        help="The weight version the server reports (/model_info, /server_info, each meta_info and its "
+        "weight_versions spans, the chat API's metadata), like SGLang's --weight-version.",
+        rich_help_panel=OUTPUT_PANEL,
+    ),
+]
+
 
 def token_range(value: str | None, flag: str, minimum: int = 1) -> tuple[int, int] | None:
     """`LO:HI` (or `N`, for N:N) into a checked pair."""

@@ -25,7 +25,14 @@ from sim.faults import FaultInjector, FaultKind
 from sim.generation_response import GenerationResponse, read_body
 from sim.prefix_cache import PrefixCache
 from sim.reasoning_formats import ReasoningFormat
-from sim.request import BadRequest, GenerateRequest, InvalidRequest, SchemaError, parse_generate_request
+from sim.request import (
+    BadRequest,
+    GenerateRequest,
+    InvalidRequest,
+    SchemaError,
+    parse_generate_request,
+    verify_sampling,
+)
 from sim.settings import SimSettings
 from sim.vocab import SimVocab
 from sim.wire import (
@@ -94,7 +101,7 @@ class GenerationEndpoints:
     def _prepare(self, request: GenerateRequest) -> tuple[Generation, str]:
         prompt = request.prompt
         prompt_ids = prompt if isinstance(prompt, list) else self.vocab.encode(prompt)
-        rid = self._admit(len(prompt_ids), request.rid)
+        rid = self._admit(len(prompt_ids), request.rid, request.sampling)
         cut = self.cuts.find(prompt) if isinstance(prompt, list) else None
         if cut is None:
             plan = self.settings.plan(prompt, vocab=self.vocab, seed=request.sampling_seed,
@@ -108,6 +115,7 @@ class GenerationEndpoints:
             skip_special_tokens=request.skip_special_tokens,
             incremental=self.settings.incremental,
             error_format=self.settings.faults.error_format,
+            weight_version=self.settings.weight_version,
         )
         prompt_field = {"input_ids": prompt} if isinstance(prompt, list) else {"input_text": prompt}
         log_head = {"rid": rid, "api": "generate", **({"continues": cut.rid} if cut else {}), **prompt_field}
@@ -150,7 +158,7 @@ class GenerationEndpoints:
                 f"max_completion_tokens is too large: {request.max_tokens}."
                 f"This model supports at most {settings.context_length} completion tokens."
             )
-        rid = self._admit(prompt_tokens, request.rid, prefix="chatcmpl-")
+        rid = self._admit(prompt_tokens, request.rid, request.sampling, prefix="chatcmpl-")
         # Without a limit SGLang generates up to the context length.
         max_new_tokens = settings.chat_max_new_tokens(prompt_tokens, request.max_tokens)
         plan = settings.plan(prompt_ids, vocab=self.vocab, seed=request.seed, max_new_tokens=max_new_tokens)
@@ -167,6 +175,7 @@ class GenerationEndpoints:
             include_usage=request.include_usage,
             continuous_usage_stats=request.continuous_usage_stats,
             cache_report=settings.enable_cache_report,
+            weight_version=settings.weight_version,
         )
         table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
         frames = ChatFrames(plan, table=table, options=options)
@@ -175,13 +184,25 @@ class GenerationEndpoints:
 
     # -- shared by both APIs ------------------------------------------------------------------
 
-    def _admit(self, prompt_tokens: int, rid: str | None, prefix: str = "") -> str:
-        """Check the prompt fits and the rid is free; returns the rid."""
-        if prompt_tokens >= self.settings.context_length:
+    def _admit(self, prompt_tokens: int, rid: str | None, sampling: dict[str, Any], prefix: str = "") -> str:
+        """Check the prompt fits, with the max_new_tokens it asks for, that the sampling params are
+        valid and that the rid is free; returns the rid. The checks and words of sglang 0.5.23
+        `managers/tokenizer_manager.py` (`_validate_one_request`, then `SamplingParams.verify`)."""
+        context = self.settings.context_length
+        if prompt_tokens >= context:
             raise InvalidRequest(
                 f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                f"({self.settings.context_length} tokens)."
+                f"({context} tokens)."
             )
+        max_new_tokens = sampling.get("max_new_tokens")  # checked only where the request set it
+        if max_new_tokens is not None and max_new_tokens + prompt_tokens > context:
+            raise InvalidRequest(
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+                f"You requested a total of {max_new_tokens + prompt_tokens} tokens: {prompt_tokens} tokens "
+                f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce the "
+                "number of tokens in the input messages or the completion to fit within the limit."
+            )
+        verify_sampling(sampling, len(self.vocab.pieces))
         rid = rid if rid is not None else prefix + uuid.uuid4().hex
         if rid in self.in_flight:
             raise InvalidRequest(f"Duplicate request ID detected: {rid}")

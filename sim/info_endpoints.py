@@ -17,9 +17,6 @@ from sim.capacity import Capacity
 from sim.prefix_cache import PrefixCache
 from sim.settings import SimSettings
 
-# SGLang's --weight-version default, which a server keeps until a weight update names another.
-WEIGHT_VERSION = "default"
-
 
 class InfoEndpoints:
     """What a client or a load balancer asks a server about itself, answered as SGLang 0.5.23 does."""
@@ -70,7 +67,7 @@ class InfoEndpoints:
                 "tokenizer_path": path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": WEIGHT_VERSION,
+                "weight_version": self.settings.weight_version,
                 "load_format": "auto",
                 "reasoning_parser": self.reasoning_parser,
                 "tool_call_parser": None,
@@ -100,10 +97,10 @@ class InfoEndpoints:
                 "page_size": settings.capacity.page_size,
                 "disable_radix_cache": not settings.capacity.prefix_cache_tokens,
                 "enable_cache_report": settings.enable_cache_report,
-                # The launch's --revision and --weight-version, at SGLang's defaults: null, "default"
-                # (sglang 0.5.23 `arg_groups/fields/model.py`, `arg_groups/fields/serving.py`).
+                # The launch's --revision (SGLang's default: null, sglang 0.5.23
+                # `arg_groups/fields/model.py`) and --weight-version (`arg_groups/fields/serving.py`).
                 "revision": None,
-                "weight_version": WEIGHT_VERSION,
+                "weight_version": settings.weight_version,
                 "sim": {
                     "capacity": asdict(settings.capacity),
                     "lengths": asdict(settings.lengths),

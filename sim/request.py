@@ -1,25 +1,30 @@
-"""Parsing a `/generate` body into a typed request, with SGLang 0.5.23's two kinds of rejection."""
+"""Parsing a `/generate` body into a typed request, with SGLang 0.5.23's kinds of rejection: the
+schema gate's (`sglang/api/v1/api_types.py`, checked by `entrypoints/api_contract.py` before
+anything runs) and the ValueErrors the TokenizerManager raises later (`SamplingParams.verify`,
+`sampling/sampling_params.py`; the context checks, `managers/tokenizer_manager.py`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
-# SamplingParams in declaration order (the order serde lists them in "expected one of ..."),
-# each with the type its schema declares. Keys outside this table are rejected.
+# SamplingParams in declaration order (the order the schema lists them in "expected one of ..."),
+# each with the type its decoder expects (sglang 0.5.23 `api/v1/api_types.py`
+# `decode_SamplingParams`). Keys outside this table are rejected.
 SAMPLING_FIELDS: dict[str, str] = {
-    "max_new_tokens": "i32",
-    "stop": "string or sequence",
-    "stop_token_ids": "sequence",
-    "stop_regex": "string or sequence",
-    "temperature": "f32",
-    "top_p": "f32",
-    "top_k": "i32",
-    "min_p": "f32",
-    "frequency_penalty": "f32",
-    "presence_penalty": "f32",
-    "repetition_penalty": "f32",
-    "min_new_tokens": "i32",
-    "n": "i32",
+    "max_new_tokens": "i64",
+    "stop": "string or list",
+    "stop_token_ids": "i64 list",
+    "stop_regex": "string or list",
+    "temperature": "f64",
+    "top_p": "f64",
+    "top_k": "i64",
+    "min_p": "f64",
+    "frequency_penalty": "f64",
+    "presence_penalty": "f64",
+    "repetition_penalty": "f64",
+    "min_new_tokens": "i64",
+    "n": "i64",
     "json_schema": "a string",
     "regex": "a string",
     "ebnf": "a string",
@@ -28,14 +33,19 @@ SAMPLING_FIELDS: dict[str, str] = {
     "skip_special_tokens": "a boolean",
     "spaces_between_special_tokens": "a boolean",
     "no_stop_trim": "a boolean",
-    "stream_interval": "i32",
-    "logit_bias": "any",
+    "stream_interval": "i64",
+    "logit_bias": "f64 map",
     "sampling_seed": "i64",
     "custom_params": "any",
+    "beam_width": "i64",
+    "watermark": "watermark",
+    "choice": "string list",
 }
+WATERMARK_FIELDS = {"enabled": "a boolean", "key": "a string", "context_window": "i64"}
 
 DEFAULT_MAX_NEW_TOKENS = 128
 NO_PROMPT = "Either text, input_ids or input_embeds should be provided."
+_SAMPLING_EPS = 1e-6  # `sampling_params.py`: a temperature below it is greedy
 
 
 class SchemaError(Exception):
@@ -59,6 +69,14 @@ class GenerateRequest:
     skip_special_tokens: bool = True
     stream_interval: int | None = None
     sampling_seed: int | None = None
+    # The sampling_params as sent, for `verify_sampling` (run after the context checks, as SGLang does).
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requested_max_new_tokens(self) -> int | None:
+        """max_new_tokens as the request set it; None: not set (SGLang then skips the check of
+        prompt + max_new_tokens against the context, `_validate_one_request`)."""
+        return self.sampling.get("max_new_tokens")
 
 
 def parse_generate_request(body: Any) -> GenerateRequest:
@@ -82,11 +100,76 @@ def parse_generate_request(body: Any) -> GenerateRequest:
         prompt=_prompt(body),
         rid=rid,
         stream=stream,
-        max_new_tokens=_max_new_tokens(sampling),
+        max_new_tokens=_or_default(sampling.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS),
         skip_special_tokens=_or_default(sampling.get("skip_special_tokens"), True),
         stream_interval=sampling.get("stream_interval"),
         sampling_seed=sampling.get("sampling_seed"),
+        sampling=sampling,
     )
+
+
+def verify_sampling(sampling: dict[str, Any], vocab_size: int) -> None:
+    """`SamplingParams.__post_init__` then `verify` (sglang 0.5.23 `sampling/sampling_params.py`):
+    the same checks in the same order, the same words; InvalidRequest for the first that fails.
+    Values as sent: /generate passes its JSON numbers on as they are (`-1`, not `-1.0`), the chat
+    API its pydantic floats.
+    Also what the simulator cannot serve (n > 1, beam search, watermarks)."""
+    def value(key: str, default: Any) -> Any:
+        return _or_default(sampling.get(key), default)
+
+    beam_width = sampling.get("beam_width")
+    if beam_width is not None and beam_width < 1:
+        raise InvalidRequest(f"beam_width must be at least 1, got {beam_width}.")
+    temperature, top_k = value("temperature", 1.0), value("top_k", -1)
+    if 0 <= temperature < _SAMPLING_EPS:
+        temperature, top_k = 1.0, 1  # greedy
+    if top_k == -1:
+        top_k = 1 << 30  # the whole vocabulary
+    if not math.isfinite(temperature) or temperature < 0.0:
+        raise InvalidRequest(f"temperature must be a non-negative finite number, got {temperature}.")
+    top_p, min_p = value("top_p", 1.0), value("min_p", 0.0)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {top_p}.")
+    if not 0.0 <= min_p <= 1.0:
+        raise InvalidRequest(f"min_p must be in [0, 1], got {min_p}.")
+    if top_k < 1:
+        raise InvalidRequest(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    frequency, presence = value("frequency_penalty", 0.0), value("presence_penalty", 0.0)
+    if not -2.0 <= frequency <= 2.0:
+        raise InvalidRequest(f"frequency_penalty must be in [-2, 2], got {frequency}.")
+    if not -2.0 <= presence <= 2.0:
+        raise InvalidRequest(f"presence_penalty must be in [-2, 2], got {presence}.")
+    repetition = value("repetition_penalty", 1.0)
+    if not 0.0 < repetition <= 2.0:
+        raise InvalidRequest(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {repetition}.")
+    # An explicit null (the chat API without max_tokens) is no limit, and not checked.
+    min_new_tokens, max_new_tokens = value("min_new_tokens", 0), sampling.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if not 0 <= min_new_tokens:
+        raise InvalidRequest(f"min_new_tokens must be in [0, max_new_tokens], got {min_new_tokens}.")
+    if max_new_tokens is not None and max_new_tokens < 0:
+        raise InvalidRequest(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+    if max_new_tokens is not None and not min_new_tokens <= max_new_tokens:
+        raise InvalidRequest(f"min_new_tokens must be in [0, max_new_tokens({max_new_tokens})], got {min_new_tokens}.")
+    for token_id in sampling.get("logit_bias") or {}:
+        if not _is_int_text(token_id) or not 0 <= int(token_id) < vocab_size:
+            raise InvalidRequest(f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}.")
+    seed = sampling.get("sampling_seed")
+    if seed is not None and not -(2**63) <= seed <= 2**63 - 1:
+        raise InvalidRequest(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+    if value("n", 1) != 1:
+        raise InvalidRequest("the simulator serves n=1 only")
+    if beam_width not in (None, 1):
+        raise InvalidRequest("the simulator does not serve beam search")
+    if sampling.get("watermark") is not None:
+        raise InvalidRequest("the simulator does not watermark")
+
+
+def _is_int_text(key: str) -> bool:
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_sampling_schema(sampling: dict[str, Any]) -> None:
@@ -96,76 +179,104 @@ def _check_sampling_schema(sampling: dict[str, Any]) -> None:
             raise SchemaError(f"unknown field `{key}`, expected one of {expected}")
         if value is not None:
             _expect(SAMPLING_FIELDS[key], value)
-    if sampling.get("n") not in (None, 1):
-        raise InvalidRequest("the simulator serves n=1 only")
 
 
 def _prompt(body: dict[str, Any]) -> list[int] | str:
     text, input_ids = body.get("text"), body.get("input_ids")
     if body.get("input_embeds") is not None:
         raise InvalidRequest("the simulator does not accept input_embeds")
-    if (text is None) == (input_ids is None):
+    if text is None and input_ids is None:
         raise InvalidRequest(NO_PROMPT)
-    if text is not None:
+    if input_ids is None:  # with both, SGLang tokenizes nothing and serves the ids
         if isinstance(text, list):
             raise InvalidRequest("the simulator does not serve batch requests (a list of texts)")
         _expect("a string", text)
         return text
     _expect("sequence", input_ids)
-    if input_ids and isinstance(input_ids[0], list):
+    if not input_ids:
+        raise InvalidRequest("input_ids cannot be empty.")  # `io_struct.py` `_determine_batch_size`
+    if isinstance(input_ids[0], list):
         raise InvalidRequest("the simulator does not serve batch requests (a list of input_ids lists)")
     # Checked in bulk: prompts run to tens of thousands of ids.
     if not all(type(token_id) is int for token_id in input_ids):
         _expect("u32", next(token_id for token_id in input_ids if type(token_id) is not int))
-    if input_ids:
-        _expect("u32", min(input_ids))
-        _expect("u32", max(input_ids))
+    _expect("u32", min(input_ids))
+    _expect("u32", max(input_ids))
     return input_ids
-
-
-def _max_new_tokens(sampling: dict[str, Any]) -> int:
-    value = _or_default(sampling.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS)
-    if value < 0:
-        raise InvalidRequest(f"max_new_tokens must be at least 0, got {value}.")
-    return value
 
 
 def _or_default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-_INTEGER_RANGES = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1)}
+_INTEGER_RANGES = {"u32": (0, 2**32 - 1)}  # the simulator's own limit on token ids
+_SCALARS = {"i64", "u32", "f64", "a boolean", "a string", "sequence"}
 
 
 def _expect(kind: str, value: Any) -> None:
-    """Type-check like serde and word the failure the same way."""
-    if kind == "any" or _matches(kind, value):
-        if kind in _INTEGER_RANGES:
-            low, high = _INTEGER_RANGES[kind]
-            if not low <= value <= high:
-                raise SchemaError(f"invalid value: integer `{value}`, expected {kind}")
+    """Type-check like the schema's decoder and word the failure the same way."""
+    if kind == "any":
         return
-    raise SchemaError(f"invalid type: {_serde_value(value)}, expected {kind}")
+    if kind == "string or list":  # `decode_StringOrList`
+        if isinstance(value, list):
+            _expect_each("a string", value)
+        elif not isinstance(value, str):
+            _fail(value, "a value or an array of values for StringOrList")
+        return
+    if kind in ("i64 list", "string list"):  # `decode_Int64List`, `choice`
+        _expect_each("i64" if kind == "i64 list" else "a string", value)
+        return
+    if kind == "f64 map":  # logit_bias
+        if not isinstance(value, dict):
+            _fail(value, "a map")
+        for bias in value.values():
+            _expect("f64", bias)
+        return
+    if kind == "watermark":  # `decode_WatermarkRequestConfig`
+        if not isinstance(value, dict):
+            _fail(value, "struct WatermarkRequestConfig")
+        for key, setting in value.items():
+            if key not in WATERMARK_FIELDS:
+                expected = ", ".join(f"`{name}`" for name in WATERMARK_FIELDS)
+                raise SchemaError(f"unknown field `{key}`, expected one of {expected}")
+            if setting is not None:
+                _expect(WATERMARK_FIELDS[key], setting)
+        return
+    assert kind in _SCALARS, f"unknown schema type {kind}"
+    if not _matches(kind, value):
+        _fail(value, kind)
+    if kind in _INTEGER_RANGES:
+        low, high = _INTEGER_RANGES[kind]
+        if not low <= value <= high:
+            raise SchemaError(f"invalid value: integer `{value}`, expected {kind}")
+
+
+def _expect_each(kind: str, value: Any) -> None:
+    if not isinstance(value, list):
+        _fail(value, "a sequence")
+    for item in value:
+        _expect(kind, item)
+
+
+def _fail(value: Any, expected: str) -> None:
+    raise SchemaError(f"invalid type: {_serde_value(value)}, expected {expected}")
 
 
 def _matches(kind: str, value: Any) -> bool:
     is_int = isinstance(value, int) and not isinstance(value, bool)
-    if kind in _INTEGER_RANGES:
+    if kind in ("i64", "u32"):
         return is_int
-    if kind == "f32":
+    if kind == "f64":
         return is_int or isinstance(value, float)
     if kind == "a boolean":
         return isinstance(value, bool)
     if kind == "a string":
         return isinstance(value, str)
-    if kind == "sequence":
-        return isinstance(value, list)
-    if kind == "string or sequence":
-        return isinstance(value, (str, list))
-    raise AssertionError(f"unknown schema type {kind}")
+    return isinstance(value, list)  # "sequence"
 
 
 def _serde_value(value: Any) -> str:
+    """`_unexpected` of the schema's decoder: serde's wording."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -173,7 +284,7 @@ def _serde_value(value: Any) -> str:
     if isinstance(value, int):
         return f"integer `{value}`"
     if isinstance(value, float):
-        return f"floating point `{value!r}`"
+        return f"floating point `{value}`"
     if isinstance(value, str):
         return f'string "{value}"'
     return "sequence" if isinstance(value, list) else "map"

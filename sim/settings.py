@@ -43,6 +43,7 @@ class SimSettings:
     loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.loops)
     disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.aborts)
     enable_cache_report: bool = False  # SGLang's --enable-cache-report: chat usage's prompt_tokens_details
+    weight_version: str = "default"  # SGLang's --weight-version, which a server keeps until a weight update
 
     @property
     def url(self) -> str:

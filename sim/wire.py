@@ -16,6 +16,7 @@ from sim.faults import ErrorFormat
 from sim.vocab import SimVocab
 
 DONE = b"data: [DONE]\n\n"
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
 SSE_MEDIA_TYPE = "text/event-stream"
 
 CUDA_ERROR = "CUDA error: an illegal memory access was encountered"
@@ -55,6 +56,7 @@ class ChunkEncoder:
         skip_special_tokens: bool,
         incremental: bool,
         error_format: ErrorFormat = ErrorFormat.V0_5_23,
+        weight_version: str = DEFAULT_WEIGHT_VERSION,
     ) -> CompletionFrames:
         table = self.text_table(skip_special_tokens=skip_special_tokens)
         ids, text_end = plan.output_ids, plan.text_end
@@ -68,6 +70,7 @@ class ChunkEncoder:
             prompt_tokens=prompt_tokens,
             incremental=incremental,
             error_format=error_format,
+            weight_version=weight_version,
         )
 
 
@@ -84,8 +87,10 @@ class CompletionFrames:
         prompt_tokens: int,
         incremental: bool,
         error_format: ErrorFormat = ErrorFormat.V0_5_23,
+        weight_version: str = DEFAULT_WEIGHT_VERSION,
     ) -> None:
         self.plan = plan
+        self._weight_version = weight_version
         self._error_format = error_format
         # Memoryviews, so that a chunk's prefix is copied once, by the join that builds it.
         self._text = memoryview(b"".join(text_pieces))
@@ -100,7 +105,8 @@ class CompletionFrames:
         self._started_streaming = False  # the first chunk carries response_sent_to_client_ts
         self._started = time.monotonic()
         self._meta_head = b'],"meta_info":{"id":' + dumps(rid) + b',"finish_reason":'
-        self._meta_body = b',"prompt_tokens":%d,"weight_version":"default","num_retractions":0' % prompt_tokens
+        self._meta_body = (b',"prompt_tokens":%d,"weight_version":' % prompt_tokens + dumps(weight_version)
+                           + b',"num_retractions":0')
 
     def chunk(self, generated: int, *, finish: dict[str, Any] | None = None, count_bias: int = 0) -> bytes:
         """The SSE event after `generated` tokens; `finish` marks the last one. `count_bias` is
@@ -149,14 +155,30 @@ class CompletionFrames:
             self._meta_body,
             b',"reasoning_tokens":%d,"completion_tokens":%d,"cached_tokens":%d'
             % (self.plan.reasoning_tokens_after(generated), generated + count_bias, self.cached_tokens),
-            _cached_tokens_details(self.cached_tokens),
         ]
+        if finish is not None:
+            parts.append(weight_versions_field(shown, self._weight_version))
+        parts += [_cached_tokens_details(self.cached_tokens), b',"dp_rank":null']
         if finish is not None:
             parts.append(b',"e2e_latency":' + repr(time.monotonic() - self._started).encode())
         if first:
             parts.append(b',"response_sent_to_client_ts":' + repr(time.time()).encode())
         parts.append(tail)
         return b"".join(parts)
+
+
+def weight_versions(tokens: int, version: str = DEFAULT_WEIGHT_VERSION) -> list[dict[str, Any]]:
+    """Which weights made which output tokens: one span, the launch's --weight-version, for all of
+    them (sglang 0.5.23 `utils/weight_versions.py` `compute_weight_version_spans`; a server whose
+    weights never change has no other events)."""
+    return [{"version": version, "start": 0, "end": tokens}]
+
+
+def weight_versions_field(tokens: int, version: str = DEFAULT_WEIGHT_VERSION) -> bytes:
+    """meta_info's `weight_versions`, on the final chunk only (`output_streamer.py` appends it
+    when `req.finished()`, None before; `tokenizer_manager.py` copies it in when set): after
+    `cached_tokens`, before `cached_tokens_details`, as 0.5.23 orders them."""
+    return b',"weight_versions":' + dumps(weight_versions(tokens, version))
 
 
 def _cached_tokens_details(cached: int) -> bytes:
