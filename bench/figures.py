@@ -289,8 +289,8 @@ def real_server_figures(outcome: dict) -> list[Figure]:
             Figure("Occupancy on SGLang's own server (its running count ÷ 150, middle 80% of the run)",
                    [real["occupancy"]], format_percent,
                    detail=f"baseline {format_percent(real['baseline_occupancy'])}; sim: genfleet "
-                          f"{format_percent(sim['occupancy'])}, baseline {format_percent(sim['baseline_occupancy'])}",
-                   target="≥ 99%", meets=lambda v: v >= 0.99),
+                          f"{format_percent(sim['occupancy'])}, baseline {format_percent(sim['baseline_occupancy'])}; "
+                          "over the wall time, ramp and drain included: not the steady state of 1.2"),
         ]
     if "affinity" in measured:
         real, sim = measured["affinity"]["real"], measured["affinity"]["sim"]

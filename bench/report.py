@@ -4,6 +4,7 @@ run. The figures and their targets are `bench/figures.py`; the notes, `bench/tar
 from __future__ import annotations
 
 import os
+import re
 
 from bench import shared_tail
 from bench.figures import (
@@ -346,8 +347,8 @@ def splice_real_server(existing: str, fresh: str) -> str:
     if old_section:
         start = lines.index(REAL_SECTION)
         del lines[start:start + len(old_section)]
-    table_end = max(i for i, line in enumerate(lines)
-                    if line.startswith("| ") and line.split("|")[1].strip()[:1].isdigit())
+    # The results table's last numbered row ("| 9.2 | ..."); other tables' first cells are counts.
+    table_end = max(i for i, line in enumerate(lines) if re.match(r"\| \d+\.\d+ \|", line))
     lines[table_end + 1:table_end + 1] = new_rows
     methods = lines.index("## How each figure is measured") if "## How each figure is measured" in lines else len(lines)
     lines[methods:methods] = new_section

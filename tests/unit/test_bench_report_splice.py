@@ -12,7 +12,7 @@ from bench.report import REAL_SECTION, splice_real_server  # noqa: E402
 EXISTING = "\n".join([
     "# genfleet benchmarks", "", "| # | figure | median |", "|---|---|---:|", "| 9.1 | tail | 0.91× |",
     "| 10.1 | real, old | 1.00× |", "", REAL_SECTION, "", "old body", "", "## How each figure is measured", "",
-    "- methods", ""])
+    "- methods", "", "| records | s |", "|---:|---:|", "| 1,000,000 records | 18.2 |", ""])
 
 
 def fresh(value: str) -> str:
@@ -28,7 +28,9 @@ def test_section_ten_is_replaced_and_every_other_line_kept():
     assert [line for line in lines if line.startswith("| 10.")] == ["| 10.1 | real, new | 1.50× |",
                                                                     "| 10.2 | real, second | 1.50× |"]
     assert "old body" not in out and "new body 1.50×" in out
+    # Into the results table, not after another table's row that starts with a digit.
     assert lines.index("| 9.1 | tail | 0.91× |") + 1 == lines.index("| 10.1 | real, new | 1.50× |")
+    assert lines[-1] == "| 1,000,000 records | 18.2 |"
     assert lines.count(REAL_SECTION) == 1 and lines.index(REAL_SECTION) < lines.index("## How each figure is measured")
 
 
