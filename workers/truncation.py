@@ -11,7 +11,8 @@
 - `regenerate`: the prompt is asked again on `long` with `max_new_tokens_total`, from scratch (the
   only choice over the chat API, which returns text, not the ids a continuation is built from).
 
-A completion the loop guard stopped or flagged is never continued: more of a loop is not data.
+A completion the loop guard stopped or flagged is never continued: more of a loop is not data. Nor
+is one the server itself stopped short of its max_new_tokens: its context is full (`server_cut`).
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started
     whole completion so far (`joined`)."""
     if generation.finish_reason.get("type") != "length" or generation.loop is not None:
         return None
-    if payload.regenerate != "last" or payload.on_truncated == "keep":
+    if payload.regenerate != "last" or payload.on_truncated == "keep" or server_cut(payload, generation):
         return None
     total = max(payload.max_new_tokens_total or 0, payload.max_new_tokens)
     policy = payload.on_truncated
@@ -106,3 +107,15 @@ def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started
     if payload.regenerated or total <= payload.max_new_tokens:
         return None  # asked once with the larger budget already
     return replace(payload, max_new_tokens=total, regenerated=True, continuation=None, **fresh)
+
+
+def server_cut(payload: TaskPayload, generation: Generation) -> bool:
+    """Whether the server ended this part before the max_new_tokens it was asked for: SGLang lowers
+    a request's budget to what its context (and KV pool) leaves, `context - 2 - input` at most
+    (0.5.23 `managers/scheduler.py::init_req_max_new_tokens`), and reports the budget it kept as
+    `finish_reason.length`. Nothing fits after such a cut: a follow-up's prompt (this one and all it
+    generated) is past the scheduler's input bound, `context - 6` (`managers/utils.py::
+    validate_input_length`), and would be refused as permanent, losing what was generated; and a
+    regeneration would be cut at the same place."""
+    granted = generation.finish_reason.get("length")
+    return isinstance(granted, int) and not isinstance(granted, bool) and granted < payload.max_new_tokens

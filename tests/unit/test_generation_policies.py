@@ -49,7 +49,7 @@ def test_parts_join_token_exact_and_count_every_part():
     assert Continuation.of(second).parts == 2 and Continuation.of(second).started_at == 0.0
 
 
-@pytest.mark.parametrize("case", ["stopped", "loop", "keep", "spent", "regenerate-all"])
+@pytest.mark.parametrize("case", ["stopped", "loop", "keep", "spent", "regenerate-all", "server-cut"])
 def test_no_follow_up(case):
     task, gen = payload(), generation(list(range(100)))
     if case == "stopped":
@@ -60,9 +60,18 @@ def test_no_follow_up(case):
         task = payload(on_truncated="keep")
     elif case == "spent":
         task = payload(max_new_tokens_total=100)
+    elif case == "server-cut":
+        # SGLang lowered the budget to what its context left (finish_reason.length 98 < 100): a
+        # follow-up's prompt would be past its input bound and refused, losing what was generated.
+        gen = generation(list(range(98)), finish_reason={"type": "length", "length": 98})
     else:
         task = payload(regenerate="all")
     assert follow_up(task, gen, api="generate", started_at=0.0) is None
+
+
+def test_a_cut_at_the_asked_budget_still_continues_when_the_server_reports_it():
+    cut = generation(list(range(100)), finish_reason={"type": "length", "length": 100})
+    assert follow_up(payload(), cut, api="generate", started_at=0.0) is not None
 
 
 def test_regenerate_asks_once_with_the_total_and_chat_falls_back_to_it():
