@@ -120,6 +120,7 @@ class Turn:
         self._content: list[int] = []
         self._content_target = directives.content_tokens or random.Random(seed + 1).randint(10, 60)
         self._period: tuple[int, ...] | None = None
+        self._period_at = 0  # where the period first starts in the content (`loop=P`)
         self._finished = False
         self.on_head = (vocab.think_start, *self.reasoning, vocab.think_end)
         self.off_head = (vocab.think_start, vocab.think_end)
@@ -148,6 +149,7 @@ class Turn:
             if self._period is None:
                 for _ in range(LOOP_PREFIX_WORDS):
                     self._content += self._word(self._content_rng)
+                self._period_at = len(self._content)
                 self._period = tuple(i for _ in range(directives.loop_period) for i in self._word(self._content_rng))
             self._content += self._period
         elif directives.forever:
@@ -156,6 +158,11 @@ class Turn:
             self._content += self._word(self._content_rng)
         else:
             self._finished = True
+
+    def loop_unit(self) -> tuple[int, tuple[int, ...]] | None:
+        """For `loop=P`: where in the content the repeating unit first starts, and its ids."""
+        self.content_at(0)
+        return None if self._period is None else (self._period_at, self._period)
 
     def head_for(self, generated: Sequence[int]) -> tuple[int, ...] | None:
         """Which of the two sequences `generated` follows (the template's `<think></think>` picks
@@ -177,13 +184,16 @@ class Turn:
         return self.vocab.eos if head is None else self.token_at(head, len(generated))
 
     def completion(self, generated: Sequence[int], max_new_tokens: int) -> list[int]:
-        """What the server generates after `generated` with this budget, the stop token included."""
-        sequence = list(generated)
+        """What the server generates after `generated` with this budget, the stop token included:
+        `token_after` token by token, with the sequence checked once (each planned token keeps it
+        on the same head), so a plan of thousands of tokens takes milliseconds, not seconds."""
+        head = self.head_for(generated)
+        if head is None:
+            return [self.vocab.eos][:max_new_tokens]
         out: list[int] = []
         while len(out) < max_new_tokens:
-            token = self.token_after(sequence)
+            token = self.token_at(head, len(generated) + len(out))
             out.append(token)
-            sequence.append(token)
             if token == self.vocab.eos:
                 break
         return out

@@ -49,3 +49,9 @@ class Expectations:
         """(reasoning, content) of the plan's text when the prompt opened `<think>`."""
         reasoning, marker, content = self.text(record, max_new_tokens).partition("</think>")
         return (reasoning, content) if marker else (reasoning, "")
+
+
+def start_pools(fleet, url: str, *pools: str, concurrency: int = 8) -> list:
+    """One worker per pool against `url`, started together and not waited for: each takes seconds
+    to start, which the enqueue that follows overlaps (a worker that dies fails `wait_finished`)."""
+    return [fleet.start_worker(pool, url, concurrency=concurrency, wait=False) for pool in pools]
