@@ -25,15 +25,16 @@ stays in kombu's `unacked` hash, covered by its lease (`workers/leases.py`): ren
 runs, re-queued by the reaper once its worker is gone. And a channel remembers its broker address:
 an ack on a closed channel goes over a fresh connection (the `unacked` hash is keyed by the delivery
 tag alone, whichever channel received it). Where Redis is still down the ack fails with a connection
-error, which Celery logs (`Message.ack_log_error`); the message stays unacked, its lease lapses once
-the task is over, the reaper re-queues it and the next worker finds its done bit set and only acks it
-(`workers/tasks.py`, `complete`). A requeue on a closed channel is left to the same path: kombu's
-restore would look the queue up through the closed channel and, failing, drop the message
-(redis.py:1265-1284 swallows that error inside its transaction). Two more pieces make the restart
-free of duplicates: the reaper judges no lease within a lease of Redis coming back (none could be
-renewed while it was away: `Reaper._leases_trusted`), and a message whose request Celery forgot on
-the reconnect (a countdown retry waiting in the timer: consumer.py `on_close`) is no longer renewed
-(`LeaseKeeper.in_hand`), so it lapses to the reaper instead of staying held forever.
+error, which Celery logs (`Message.ack_log_error`); the message stays unacked, and the lease
+heartbeat finishes the ack once Redis answers (`LeaseKeeper.release`): re-queued, a message whose
+task published a retry or a follow-up would run twice and write its record twice. A requeue on a
+closed channel is left to the reaper, once its lease lapses: kombu's restore would look the queue up
+through the closed channel and, failing, drop the message (redis.py:1265-1284 swallows that error
+inside its transaction). Two more pieces make the restart free of duplicates: the reaper judges no
+lease within a lease of Redis coming back (none could be renewed while it was away:
+`Reaper._leases_trusted`), and a message whose request Celery forgot on the reconnect (a countdown
+retry waiting in the timer: consumer.py `on_close`) is no longer renewed (`LeaseKeeper.in_hand`), so
+it lapses to the reaper instead of staying held forever.
 
 **A message taken off a queue is never only in a worker's memory** (the transit lists, below): where the
 channel consumes one queue at one priority (genfleet's case: one pool per worker, `priority_steps`

@@ -8,7 +8,8 @@ message only when its lease has expired, i.e. its worker is gone. A live task is
 
 This module is the only writer of the lease zset and the reaper lock (`common/keys.py`). Restoring
 also writes kombu's own keys (`unacked`, `unacked_index`, the queue list); see `Reaper._restore`
-for why that is not delegated to kombu.
+for why that is not delegated to kombu. So does finishing an ack that Celery lost with its broker
+connection (`LeaseKeeper._finish_ack`).
 """
 from __future__ import annotations
 
@@ -44,9 +45,13 @@ class LeaseKeeper:
         # drops (a countdown retry waiting for its time), and those messages, left unacked, must
         # lapse to the reaper.
         self.in_hand = in_hand
-        # Tags of finished tasks whose lease is dropped once kombu no longer holds the message
-        # (acked, or given back): the lease zset holds only messages in hand.
-        self._released: set[str] = set()
+        # When kombu recorded each held message's delivery (its `unacked_index` score, read with the
+        # lease's first write): a redelivery of the same message elsewhere gets another score.
+        self._delivered_at: dict[str, float | None] = {}
+        # Finished tasks whose lease is dropped once kombu no longer holds the message (acked, or
+        # given back): the lease zset holds only messages in hand. Each maps to when it finished
+        # (monotonic) and whether Celery acks its message (see `release`).
+        self._released: dict[str, tuple[float, bool]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
@@ -60,16 +65,30 @@ class LeaseKeeper:
     def hold(self, tag: str) -> None:
         with self._lock:
             self._held.add(tag)
-        self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s})
+        # kombu records the delivery before Celery sees the message (kombu 5.7.0,
+        # kombu/transport/virtual/base.py:645-649, `QoS.append` then the callback), so its score is there.
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(LEASES, {tag: time.time() + self.ttl_s})
+        pipe.zscore(KOMBU_UNACKED_INDEX, tag)
+        _, delivered_at = pipe.execute()
+        with self._lock:
+            self._delivered_at[tag] = delivered_at
 
-    def release(self, tag: str) -> None:
+    def release(self, tag: str, *, acked: bool) -> None:
         """Stop renewing the lease of a message whose task finished. The lease is not deleted yet:
         the message is acked just after the task returns, and until then it must not look abandoned
-        to the reaper. The next heartbeat drops it once kombu's `unacked` no longer has the message."""
+        to the reaper. The next heartbeat drops it once kombu's `unacked` no longer has the message.
+
+        `acked`: Celery acks this message now (the task succeeded, failed, or published its retry:
+        celery 5.7.0 celery/worker/request.py `on_success`, `on_retry`, `on_failure` with
+        `acks_late`), rather than giving it back (`Reject(requeue=True)`). An ack sent while Redis
+        is down is lost (`workers/broker.py`); left to the reaper, the message would run a second
+        time beside the retry or follow-up it already published, and write its record twice. So
+        the heartbeat finishes an ack that has not landed a beat after the task finished."""
         with self._lock:
             if tag in self._held:
                 self._held.discard(tag)
-                self._released.add(tag)
+                self._released[tag] = (time.monotonic(), acked)
 
     def renew(self) -> None:
         self._drop_released()
@@ -84,7 +103,9 @@ class LeaseKeeper:
             pipe.hexists(KOMBU_UNACKED, tag)
         alive = [tag for tag, exists in zip(held, pipe.execute(), strict=True) if exists]
         with self._lock:
-            self._held.difference_update(set(held) - set(alive))
+            for gone in set(held) - set(alive):
+                self._held.discard(gone)
+                self._delivered_at.pop(gone, None)
         in_hand = self.in_hand()
         if in_hand is not None:
             alive = [tag for tag in alive if tag in in_hand]
@@ -93,14 +114,49 @@ class LeaseKeeper:
 
     def _drop_released(self) -> None:
         with self._lock:
-            released = list(self._released)
+            released = dict(self._released)
         if not released:
             return
-        settled = not_held(self.redis, released)
+        settled = set(not_held(self.redis, list(released)))
         if settled:
             self.redis.zrem(LEASES, *settled)
+        overdue = time.monotonic() - self.heartbeat_s
+        forgotten = set()
+        for tag, (finished_at, acked) in released.items():
+            if tag in settled or not acked or finished_at > overdue:
+                continue
+            with self._lock:
+                delivered_at = self._delivered_at.get(tag)
+            if self._finish_ack(tag, delivered_at):
+                log.warning("acknowledged message %s: Celery's ack was lost with its broker connection", tag)
+                settled.add(tag)
+            else:  # redelivered to another worker since: its lease is that worker's now
+                forgotten.add(tag)
         with self._lock:
-            self._released.difference_update(settled)
+            for tag in settled | forgotten:
+                self._released.pop(tag, None)
+                self._delivered_at.pop(tag, None)
+
+    def _finish_ack(self, tag: str, delivered_at: float | None) -> bool:
+        """kombu's ack (kombu 5.7.0 kombu/transport/redis.py `QoS.ack` → `_remove_from_indices`)
+        plus dropping the lease, in one transaction, if the message is still this worker's delivery
+        (same `unacked_index` score). Returns False where it is not (redelivered, or its delivery
+        time unknown), touching nothing."""
+        finished = False
+
+        def transaction(pipe: redis.client.Pipeline) -> None:
+            nonlocal finished
+            score = pipe.zscore(KOMBU_UNACKED_INDEX, tag)
+            if delivered_at is None or score != delivered_at:
+                return
+            pipe.multi()
+            pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+            pipe.hdel(KOMBU_UNACKED, tag)
+            pipe.zrem(LEASES, tag)
+            finished = True
+
+        self.redis.transaction(transaction, KOMBU_UNACKED_INDEX)
+        return finished
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):

@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Any
 
+from celery import states
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -31,6 +32,11 @@ from workers.app import create_app
 from workers.runtime import WorkerRuntime, running_delivery_tag
 
 log = logging.getLogger(__name__)
+
+# The `task_postrun` states after which Celery acks the message (celery 5.7.0 celery/app/trace.py
+# sends postrun with SUCCESS, FAILURE, RETRY or REJECTED; celery/worker/request.py acks all but a
+# Reject). Failures are acked by `task_acks_on_failure_or_timeout`, on by default.
+ACKED_STATES = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
 
 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
@@ -63,11 +69,13 @@ def connect_signals(runtime: WorkerRuntime) -> None:
         if key := telemetry.task_key(task, args):
             telemetry.IN_FLIGHT.change(key, +1)
 
-    def task_finished(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
+    def task_finished(task_id: str | None = None, task: Any = None, args: Any = None, state: str | None = None,
+                      **_: Any) -> None:
         if key := telemetry.task_key(task, args):
             telemetry.IN_FLIGHT.change(key, -1)
         if task_id and (tag := running_delivery_tag(task_id)):
-            runtime.leases.release(tag)
+            # Every state but REJECTED is acked (task_acks_late; genfleet's Reject always requeues).
+            runtime.leases.release(tag, acked=state in ACKED_STATES)
 
     def stop_streams_after_grace(**_: Any) -> None:
         grace = runtime.settings.shutdown_grace_s

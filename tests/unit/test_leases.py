@@ -42,7 +42,7 @@ def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_messa
     keeper.renew()
     assert 59 < lease_left(redis_client, held) <= 60
 
-    keeper.release(held)
+    keeper.release(held, acked=True)
     redis_client.zadd(LEASES, {held: time.time() + 1})
     keeper.renew()
     # Not renewed, and not deleted either: until the ack the message must not look abandoned.
@@ -50,6 +50,47 @@ def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_messa
     redis_client.hdel(KOMBU_UNACKED, held)  # acknowledged
     keeper.renew()
     assert lease_left(redis_client, held) is None
+
+
+def test_an_ack_lost_with_the_broker_connection_is_finished_a_heartbeat_after_the_task(redis_client, held):
+    """Celery acked (a success, a failure, or a retry it published) while Redis was down: the ack is
+    lost and the message stays unacked. Left to the reaper it would run again beside its retry and
+    write a second record (seen in `test_chaos_redis_restart`); the heartbeat finishes the ack."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
+    keeper.hold(held)
+    keeper.release(held, acked=True)
+    keeper.renew()
+    assert redis_client.hexists(KOMBU_UNACKED, held), "Celery's own ack gets a heartbeat first"
+    time.sleep(0.06)
+    keeper.renew()
+    assert not redis_client.hexists(KOMBU_UNACKED, held) and redis_client.zscore(KOMBU_UNACKED_INDEX, held) is None
+    assert lease_left(redis_client, held) is None
+    fetched_long_ago(redis_client, held)
+    assert Reaper(redis_client, ttl_s=60, interval_s=1).reap_once() == [] and redis_client.llen(SHORT) == 0
+
+
+def test_a_message_given_back_while_redis_was_down_is_left_to_the_reaper(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
+    keeper.hold(held)
+    keeper.release(held, acked=False)  # Reject(requeue=True) on a lost connection
+    time.sleep(0.06)
+    keeper.renew()
+    assert redis_client.hexists(KOMBU_UNACKED, held) and lease_left(redis_client, held) > 0
+
+
+def test_a_lost_ack_is_not_finished_for_a_message_redelivered_to_another_worker(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
+    keeper.hold(held)
+    keeper.release(held, acked=True)
+    # The reaper restored it and another worker took it: a new delivery time, that worker's lease.
+    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: time.time() + 1})
+    redis_client.zadd(LEASES, {held: time.time() + 600})
+    time.sleep(0.06)
+    keeper.renew()
+    assert redis_client.hexists(KOMBU_UNACKED, held) and lease_left(redis_client, held) > 500
+    redis_client.zadd(LEASES, {held: time.time() + 1})
+    keeper.renew()
+    assert lease_left(redis_client, held) <= 1, "the other worker's lease is not this keeper's to renew"
 
 
 def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client, held):
@@ -79,14 +120,14 @@ def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_clie
     state.task_scheduled(retry)
     keeper.hold("t-retry")
     try:
-        keeper.release(running_delivery_tag("task-1"))  # the attempt's postrun
+        keeper.release(running_delivery_tag("task-1"), acked=True)  # the attempt's postrun
     finally:
         state.reset_state()
     redis_client.zadd(LEASES, {"t-attempt": time.time() + 1, "t-retry": time.time() + 1})
     keeper.renew()
     assert lease_left(redis_client, "t-retry") > 59
     assert lease_left(redis_client, "t-attempt") <= 1  # left to lapse until its ack
-    keeper.release("t-retry")  # the retry's postrun
+    keeper.release("t-retry", acked=True)  # the retry's postrun
     redis_client.hdel(KOMBU_UNACKED, "t-attempt", "t-retry")
     keeper.renew()
     assert redis_client.zcard(LEASES) == 0
