@@ -8,7 +8,7 @@ over the run's seconds, per completion; the second is measured idle and in `back
 """
 from __future__ import annotations
 
-from common.queues import DEFAULT_QUEUE_DEPTH, IN_FLIGHT_PER_HOST, LONG, SHORT
+from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, IN_FLIGHT_PER_HOST, LONG, SHORT
 
 TARGET_PROMPTS, TARGET_HOSTS, DAY_S = 10_000_000, 100, 86_400
 WORKERS_PER_HOST = 2  # a short and a long worker per host (docs/deploying.md)

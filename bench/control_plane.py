@@ -110,7 +110,7 @@ def _enqueue(procs: Processes, env: dict[str, str], run: str, prompts: Path, max
 
 def _queued(client: redis.Redis, run: str) -> dict:
     """Mean wire bytes and prompt tokens of `run`'s messages in the short queue."""
-    from common.kombu_wire import decode_queued, task_payload
+    from genfleet.common.kombu_wire import decode_queued, task_payload
 
     sizes, tokens = [], []
     for raw in client.lrange("short", 0, -1):
@@ -126,8 +126,8 @@ def background_cost(meter: Meter, held: int) -> dict:
     """One lease heartbeat and one reaper pass (workers/leases.py, as they are) with `held` messages
     in hand, all fetched longer than the lease TTL ago and each under a live lease; and, to compare,
     the reaper's lease reads done as one ZMSCORE."""
-    from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES
-    from workers.leases import LeaseKeeper, Reaper
+    from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES
+    from genfleet.workers.leases import LeaseKeeper, Reaper
 
     tags = [f"bench-{i:06d}" for i in range(held)]
     meter.client.zadd(KOMBU_UNACKED_INDEX, dict.fromkeys(tags, time.time() - 600))
@@ -237,7 +237,7 @@ def _event_delta(a: tuple, b: tuple) -> dict:
 
 
 def _wait_done(meter: Meter, procs: Processes, run: str, prompts: int) -> None:
-    from common.keys import RunKeys
+    from genfleet.common.keys import RunKeys
 
     counters, deadline = RunKeys(run).counters(run), time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -254,7 +254,7 @@ def _wait_done(meter: Meter, procs: Processes, run: str, prompts: int) -> None:
 def _settle(meter: Meter) -> float:
     """Until nothing is unacked and the worker's heartbeat has dropped every lease: what stays is the
     state the run leaves behind, not a task's in-flight bookkeeping."""
-    from common.keys import KOMBU_UNACKED, LEASES
+    from genfleet.common.keys import KOMBU_UNACKED, LEASES
 
     started = time.monotonic()
     while time.monotonic() - started < SETTLE_TIMEOUT_S:

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common.keys import ManifestFields, RunKeys  # noqa: E402
+from genfleet.common.keys import ManifestFields, RunKeys  # noqa: E402
 
 DATASETS = ("alpha", "beta", "gamma", "delta")
 SHARDS_PER_DATASET = 5

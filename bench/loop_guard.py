@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from sim.vocab import SimVocab
-from workers.loop_guard import DEFAULT, LoopDetector, LoopThresholds
+from genfleet.sim.vocab import SimVocab
+from genfleet.workers.loop_guard import DEFAULT, LoopDetector, LoopThresholds
 
 COMPLETION = 8192
 CHUNKS = (1, 8, 32)

@@ -185,7 +185,7 @@ def _progress(client: redis.Redis, run: str) -> dict[str, int]:
 
 def _check_records(output: Path, run: str, prompts: Path) -> None:
     """The run's shards hold exactly its own prompts, once each: sharing the workers mixed nothing."""
-    from common.shards import ShardReader, find_shards
+    from genfleet.common.shards import ShardReader, find_shards
 
     # ShardReader raises on a record of another run in this run's shards (common/shards.py).
     ids = [line.record["id"] for line in ShardReader(find_shards([output], run), run)]

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from bench.throughput import SLOTS
-from common.settings import Settings
+from genfleet.common.settings import Settings
 
 if TYPE_CHECKING:  # bench.figures imports this module
     from bench.figures import ThroughputMedians

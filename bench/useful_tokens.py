@@ -28,7 +28,7 @@ import redis
 
 from bench.processes import TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
-from common.shards import ShardReader, find_shards
+from genfleet.common.shards import ShardReader, find_shards
 
 POLL_S = 0.1
 RUN_TIMEOUT_S = 900.0

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
-from common.keys import WORKER_BEACONS, worker_beacon
+from genfleet.common.keys import WORKER_BEACONS, worker_beacon
 
 # Often enough that `status` shows in-flight counts close to the counters it reads fresh: one small
 # SET per worker every 2 s is nothing for Redis even at a hundred workers.

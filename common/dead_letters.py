@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from common.records import TaskPayload
+from genfleet.common.records import TaskPayload
 
 # The classes of a failed attempt. `transient` is retried; the other three are dead-letter classes:
 # `permanent` (the request itself is wrong), `exhausted` (transient beyond the attempts),

@@ -32,8 +32,8 @@ import msgpack
 from celery import Celery
 from celery.utils.time import utcoffset
 
-from common.keys import KOMBU_UNACKED, TRANSITS, queue_list
-from common.queues import GENERATE_TASK, PARTITIONS
+from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, queue_list
+from genfleet.common.queues import GENERATE_TASK, PARTITIONS
 
 EVENT_EXCHANGE = "celeryev"
 EVENT_ROUTING_KEY = "task.sent"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import redis
 
-from common.keys import RATE_BUCKET_TTL_S, RunKeys
-from common.length_histogram import LengthHistogram, bucket_of
+from genfleet.common.keys import RATE_BUCKET_TTL_S, RunKeys
+from genfleet.common.length_histogram import LengthHistogram, bucket_of
 
 # One write of a settled row besides its counters: (command, key, field, value); see
 # common/mark_done.lua for the commands it takes.

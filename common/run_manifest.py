@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from common.keys import ManifestFields, RunKeys
+from genfleet.common.keys import ManifestFields, RunKeys
 
 
 class RunManifest:

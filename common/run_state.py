@@ -21,12 +21,12 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from common import bitmaps, rates
-from common.dead_letters import DeadLetter
-from common.keys import RunKeys, queue_list
-from common.records import TaskPayload
-from common.run_manifest import RunManifest
-from common.settings import verify_tls_by_default
+from genfleet.common import bitmaps, rates
+from genfleet.common.dead_letters import DeadLetter
+from genfleet.common.keys import RunKeys, queue_list
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_manifest import RunManifest
+from genfleet.common.settings import verify_tls_by_default
 
 COUNTER_FIELDS = (
     "total", "done", "failed", "rejected", "skipped",

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from common.queues import IN_FLIGHT_PER_HOST
+from genfleet.common.queues import IN_FLIGHT_PER_HOST
 
 
 class Settings(BaseSettings):

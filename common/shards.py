@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.names import check_name, inside
+from genfleet.common.names import check_name, inside
 
 SHARD_SUFFIX = ".jsonl"
 OPEN_SUFFIX = ".open"

@@ -30,10 +30,10 @@ import typer
 from rich.live import Live
 
 from genfleet.sample_data import dataset_args, write_datasets
+from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 from genfleet.status.read_model import read_status
 from genfleet.status.render import render, wide_console
 from genfleet.status.snapshot import RunStatus
-from sim.vocab import DEFAULT_TOKENIZER_DIR
 
 console = wide_console()
 REDIS_MISSING = ("genfleet demo: redis-server is not on PATH; install it (Debian/Ubuntu: "

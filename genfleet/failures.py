@@ -14,10 +14,10 @@ from typing import Annotated, Optional
 import typer
 from celery import Celery
 
-from common.dead_letters import DeadLetter
-from common.queues import GENERATE_TASK
-from common.run_state import RunState, connect
-from common.settings import Settings
+from genfleet.common.dead_letters import DeadLetter
+from genfleet.common.queues import GENERATE_TASK
+from genfleet.common.run_state import RunState, connect
+from genfleet.common.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def requeue_command(
         console.print(f"{len(chosen)} dead letters would be requeued")
         return
     from genfleet.progress import terminal_progress
-    from workers.app import create_app
+    from genfleet.workers.app import create_app
 
     app = create_app(settings)
     # Each letter is published and dropped from the store one by one: thousands take a while. The bar

@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-from sim.vocab import DEFAULT_TOKENIZER_DIR
+from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 
 SEED = 20261129
 

@@ -34,7 +34,7 @@ import report  # noqa: E402
 import sglang_side as sg  # noqa: E402
 from outcomes import Outcome, run_cases  # noqa: E402
 
-from common.reasoning import PARSER_NAMES  # noqa: E402
+from genfleet.common.reasoning import PARSER_NAMES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

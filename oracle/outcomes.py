@@ -8,7 +8,7 @@ from cases import Case, generate
 from difference_classes import explain
 from sides import MODES, Pair, ours_stream, ours_whole, theirs, verdict
 
-from common.reasoning import PARSER_NAMES
+from genfleet.common.reasoning import PARSER_NAMES
 
 
 @dataclass

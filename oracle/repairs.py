@@ -8,7 +8,7 @@ import re
 
 from cases import H_CALL, H_END, H_RETURN, THINK_FORMATS, _tokens
 
-from common.reasoning import REASONING_FORMATS, starts_in_reasoning
+from genfleet.common.reasoning import REASONING_FORMATS, starts_in_reasoning
 
 STOP = "STOP"
 Chunks = list[str]

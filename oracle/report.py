@@ -8,7 +8,7 @@ from difference_classes import CLASS_BY_NAME, CLASSES
 from outcomes import Outcome
 from sides import MODES
 
-from common.reasoning import PARSER_NAMES
+from genfleet.common.reasoning import PARSER_NAMES
 
 
 def agreement_table(outcomes: list[Outcome]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sglang_side as sg
 
-from common.reasoning import ReasoningStream, split_reasoning
+from genfleet.common.reasoning import ReasoningStream, split_reasoning
 
 MODES = ("non-stream", "stream")
 Pair = tuple[str, str]

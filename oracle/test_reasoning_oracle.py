@@ -15,7 +15,7 @@ from cases import KWARGS_CHOICES, THINK_FORMATS
 from difference_classes import explain
 from outcomes import run_cases
 
-from common.reasoning import PARSER_NAMES, REASONING_FORMATS, starts_in_reasoning
+from genfleet.common.reasoning import PARSER_NAMES, REASONING_FORMATS, starts_in_reasoning
 
 THINK = sorted(THINK_FORMATS)
 

@@ -11,40 +11,40 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from common.run_state import connect
-from common.settings import Settings, verify_tls_by_default
-from common.tokenizer import TokenizerNotFoundError
-from producer.dry_run import DryRunDestination
-from producer.enqueue import Destination, enqueue_dataset
-from producer.manifest import (
+from genfleet.common.run_state import connect
+from genfleet.common.settings import Settings, verify_tls_by_default
+from genfleet.common.tokenizer import TokenizerNotFoundError
+from genfleet.producer.dry_run import DryRunDestination
+from genfleet.producer.enqueue import Destination, enqueue_dataset
+from genfleet.producer.manifest import (
     ConfigChanged,
     Manifest,
     RunIdentity,
     resolve_run,
     tokenizer_fingerprint,
 )
-from producer.progress import EnqueueProgress
-from producer.publisher import TaskPublisher
-from producer.readers import DatasetReadError, open_dataset
-from producer.recovery import find_lost_rows, release_rows
-from producer.report import DatasetReport
-from producer.run_config import (
+from genfleet.producer.progress import EnqueueProgress
+from genfleet.producer.publisher import TaskPublisher
+from genfleet.producer.readers import DatasetReadError, open_dataset
+from genfleet.producer.recovery import find_lost_rows, release_rows
+from genfleet.producer.report import DatasetReport
+from genfleet.producer.run_config import (
     CliOptions,
     ConfigError,
     DatasetSpec,
     RunConfig,
     resolve,
 )
-from producer.run_file import RunFileError, load_run_file
-from producer.summary import (
+from genfleet.producer.run_file import RunFileError, load_run_file
+from genfleet.producer.summary import (
     dry_run_table,
     print_rejections,
     queue_depth_table,
     rejections_table,
     results_table,
 )
-from producer.templating import PromptTemplater
-from producer.validation import flag_problems, run_name_problem
+from genfleet.producer.templating import PromptTemplater
+from genfleet.producer.validation import flag_problems, run_name_problem
 
 console = Console(stderr=True)
 

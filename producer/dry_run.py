@@ -7,10 +7,10 @@ from typing import Any
 
 from celery import Celery
 
-from common.kombu_wire import TaskMessageEncoder
-from common.queues import QUEUES, SERIALIZATION
-from common.run_state import OutgoingTask, RowRejection
-from producer.publisher import PublishResult
+from genfleet.common.kombu_wire import TaskMessageEncoder
+from genfleet.common.queues import QUEUES, SERIALIZATION
+from genfleet.common.run_state import OutgoingTask, RowRejection
+from genfleet.producer.publisher import PublishResult
 
 # What Redis spends beyond the message bytes: list-node headers and allocator size classes. Measured
 # on redis 7 with 0.3-30 KB messages: 3-15 % more, depending on how sizes meet jemalloc's classes.

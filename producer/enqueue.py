@@ -11,17 +11,17 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Protocol
 
-from common.records import TaskPayload
-from common.run_state import OutgoingTask, RowRejection
-from producer.conversations import RowRejected, prompt_messages, read_row
-from producer.ids import DuplicateIds, row_key
-from producer.partitioning import choose_partition
-from producer.publisher import PublishResult
-from producer.readers import MalformedRow, SourceRow, open_dataset
-from producer.report import DatasetReport, rejection_kind
-from producer.run_config import DatasetConfig, RunConfig
-from producer.samples import sample_payload, sample_slots, spread_samples
-from producer.templating import PromptTemplater
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import OutgoingTask, RowRejection
+from genfleet.producer.conversations import RowRejected, prompt_messages, read_row
+from genfleet.producer.ids import DuplicateIds, row_key
+from genfleet.producer.partitioning import choose_partition
+from genfleet.producer.publisher import PublishResult
+from genfleet.producer.readers import MalformedRow, SourceRow, open_dataset
+from genfleet.producer.report import DatasetReport, rejection_kind
+from genfleet.producer.run_config import DatasetConfig, RunConfig
+from genfleet.producer.samples import sample_payload, sample_slots, spread_samples
+from genfleet.producer.templating import PromptTemplater
 
 # SGLang refuses a request whose input + max_new_tokens + reserved tokens exceed the context
 # (0.5.23 `tokenizer_manager.py::_validate_one_request`); with EAGLE speculative decoding it reserves

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from producer.conversations import RowRejected
+from genfleet.producer.conversations import RowRejected
 
 
 class RowKey(NamedTuple):

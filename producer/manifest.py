@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from common.keys import ManifestFields
-from common.run_manifest import RunManifest
-from producer.run_config import RunConfig
+from genfleet.common.keys import ManifestFields
+from genfleet.common.run_manifest import RunManifest
+from genfleet.producer.run_config import RunConfig
 
 # Files that define how text becomes tokens: never the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",

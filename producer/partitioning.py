@@ -1,7 +1,7 @@
 """Which queue a prompt goes to: a pinned dataset decides, else its total token need."""
 from __future__ import annotations
 
-from common.queues import LONG, SHORT
+from genfleet.common.queues import LONG, SHORT
 
 
 def choose_partition(prompt_tokens: int, *, pinned: str | None, max_new_tokens_short: int,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from common.keys import celery_event_channel, queue_list
-from common.kombu_wire import EVENT_ROUTING_KEY, TaskMessageEncoder
-from common.queues import PARTITIONS, QUEUES, SERIALIZATION
-from common.run_state import OutgoingTask, RowRejection, RunState
+from genfleet.common.keys import celery_event_channel, queue_list
+from genfleet.common.kombu_wire import EVENT_ROUTING_KEY, TaskMessageEncoder
+from genfleet.common.queues import PARTITIONS, QUEUES, SERIALIZATION
+from genfleet.common.run_state import OutgoingTask, RowRejection, RunState
 
 WAIT_POLL_S = 0.2
 

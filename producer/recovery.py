@@ -19,8 +19,8 @@ from collections import defaultdict
 
 import redis
 
-from common import kombu_wire
-from common.run_state import RunState
+from genfleet.common import kombu_wire
+from genfleet.common.run_state import RunState
 
 SCAN_CHUNK = 1000
 

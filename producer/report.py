@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
 
-from common.queues import PARTITIONS
-from common.run_state import RowRejection
+from genfleet.common.queues import PARTITIONS
+from genfleet.common.run_state import RowRejection
 
 # Every rejection is counted; only this many are kept to show (a broken file may have millions).
 KEPT_REJECTIONS = 1000

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS
-from common.settings import Settings
-from producer.conversations import ROW_FORMATS
-from producer.run_file import DatasetEntry, RunFile
-from producer.validation import dataset_name_problem, run_name_problem, sampling_problem, settings_problems
+from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS
+from genfleet.common.settings import Settings
+from genfleet.producer.conversations import ROW_FORMATS
+from genfleet.producer.run_file import DatasetEntry, RunFile
+from genfleet.producer.validation import dataset_name_problem, run_name_problem, sampling_problem, settings_problems
 
 T = TypeVar("T")
 CONTEXT_RULES = ("reserve", "clip")

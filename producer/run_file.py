@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from producer.conversations import RowFormat
+from genfleet.producer.conversations import RowFormat
 
 if sys.version_info >= (3, 11):
     import tomllib

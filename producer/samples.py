@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from common.records import TaskPayload
+from genfleet.common.records import TaskPayload
 
 T = TypeVar("T")
 # Prompts whose samples are interleaved in the queue: sample k of a prompt follows sample k-1 by

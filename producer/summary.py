@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from common.queues import PARTITIONS
-from producer.dry_run import queue_memory_bytes
-from producer.report import DatasetReport, rejection_kind
+from genfleet.common.queues import PARTITIONS
+from genfleet.producer.dry_run import queue_memory_bytes
+from genfleet.producer.report import DatasetReport, rejection_kind
 
 SHOWN_REJECTIONS = 20
 

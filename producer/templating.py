@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.tokenizer import load_tokenizer, render_prompts
+from genfleet.common.tokenizer import load_tokenizer, render_prompts
 
 Message = dict[str, Any]
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from common.names import name_problem
+from genfleet.common.names import name_problem
 
 # Flag -> the least value it takes (counts of tokens, prompts, rows; 0 for "no limit" where it means that).
 MINIMUMS = {

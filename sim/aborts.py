@@ -40,11 +40,11 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sim.capacity import Capacity
+from genfleet.sim.capacity import Capacity
 
 if TYPE_CHECKING:
-    from sim.engine import Served
-    from sim.prefill_lane import PrefillTurn
+    from genfleet.sim.engine import Served
+    from genfleet.sim.prefill_lane import PrefillTurn
 
 ABORTED: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORTED_WHILE_WAITING: dict[str, Any] = {"type": "abort", "message": "Abort in waiting queue"}

@@ -1,9 +1,9 @@
 """Builds the simulated model's tokenizer in sim/model: a small byte-level BPE with a Kimi-like chat
 template, loadable with `AutoTokenizer.from_pretrained` like any model directory.
 
-Run `python -m sim.build_model` to rebuild; the result is committed, so nothing is downloaded.
+Run `python -m genfleet.sim.build_model` to rebuild; the result is committed, so nothing is downloaded.
 The training text is the docstrings of the Python standard library: English prose, always at hand.
-That text changes with the Python version, so `python -m sim.build_model --add-special-tokens`
+That text changes with the Python version, so `python -m genfleet.sim.build_model --add-special-tokens`
 only appends missing markers to the committed tokenizer, without retraining: no id moves.
 """
 from __future__ import annotations

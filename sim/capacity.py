@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from genfleet.sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 
 # SGLang 0.5.23's --max-prefill-tokens default (`arg_groups/fields/schedule.py`).
 DEFAULT_MAX_PREFILL_TOKENS = 16384

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.request import BadRequest, InvalidRequest
+from genfleet.sim.request import BadRequest, InvalidRequest
 
 DEFAULT_MODEL_NAME = "default"  # SGLang's, when a request names no model
 
@@ -142,7 +142,7 @@ class ChatTemplate:
         if self._tokenizer is None:
             async with self._lock:
                 if self._tokenizer is None:
-                    from common.tokenizer import load_tokenizer
+                    from genfleet.common.tokenizer import load_tokenizer
 
                     # In a thread: running streams keep their pace meanwhile.
                     self._tokenizer = await asyncio.to_thread(load_tokenizer, self._dir)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from sim.completion import CompletionPlan
-from sim.wire import (
+from genfleet.sim.completion import CompletionPlan
+from genfleet.sim.wire import (
     CUDA_ERROR,
     DEFAULT_WEIGHT_VERSION,
     QUEUE_FULL,

@@ -1,4 +1,4 @@
-"""`genfleet sim` / `python -m sim`: command-line flags into SimSettings, then serve."""
+"""`genfleet sim` / `python -m genfleet.sim`: command-line flags into SimSettings, then serve."""
 from __future__ import annotations
 
 import enum
@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from sim.capacity import DEFAULT_MAX_PREFILL_TOKENS, CapacitySettings
-from sim.chunking import DecodeSteps
-from sim.cli_options import (
+from genfleet.sim.capacity import DEFAULT_MAX_PREFILL_TOKENS, CapacitySettings
+from genfleet.sim.chunking import DecodeSteps
+from genfleet.sim.cli_options import (
     DEFAULT_LOOP_PERIOD,
     DEFAULT_LOOP_START,
     DisconnectAbortS,
@@ -26,13 +26,13 @@ from sim.cli_options import (
     WeightVersion,
     token_range,
 )
-from sim.completion import LengthModel
-from sim.faults import ErrorFormat, FaultSettings
-from sim.loops import NO_LOOPS, LoopModel
-from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
-from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
-from sim.settings import DEFAULT_CONTEXT_LENGTH, DEFAULT_DISCONNECT_ABORT_S, SimSettings
-from sim.vocab import DEFAULT_TOKENIZER_DIR
+from genfleet.sim.completion import LengthModel
+from genfleet.sim.faults import ErrorFormat, FaultSettings
+from genfleet.sim.loops import NO_LOOPS, LoopModel
+from genfleet.sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from genfleet.sim.reasoning_formats import DEFAULT_REASONING_FORMAT, REASONING_FORMAT_NAMES
+from genfleet.sim.settings import DEFAULT_CONTEXT_LENGTH, DEFAULT_DISCONNECT_ABORT_S, SimSettings
+from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 
 _CAPACITY = "Capacity"
 _OUTPUT = "Output"
@@ -283,7 +283,7 @@ def sim_settings(
 
 @functools.wraps(sim_settings)  # the same options (typer reads the wrapped signature)
 def sim_command(*args: object, **kwargs: object) -> None:
-    from sim.runner import serve  # uvicorn and starlette load only when serving
+    from genfleet.sim.runner import serve  # uvicorn and starlette load only when serving
 
     serve(sim_settings(*args, **kwargs))  # type: ignore[arg-type]
 

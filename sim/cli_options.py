@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from sim.loops import NO_LOOPS
-from sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
-from sim.settings import DEFAULT_DISCONNECT_ABORT_S
+from genfleet.sim.loops import NO_LOOPS
+from genfleet.sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from genfleet.sim.settings import DEFAULT_DISCONNECT_ABORT_S
 
 OUTPUT_PANEL = "Output"
 CAPACITY_PANEL = "Capacity"

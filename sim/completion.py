@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.lengths import LengthModel
-from sim.loops import NO_LOOPS, LoopModel, draw_loop, extend_with_loop, place_loop
-from sim.prompts import Opening, completion_seed, prompt_opening
-from sim.reasoning_formats import DEFAULT_REASONING_FORMAT, ReasoningFormat
-from sim.reasoning_formats import reasoning_format as get_reasoning_format
-from sim.vocab import SimVocab
+from genfleet.sim.lengths import LengthModel
+from genfleet.sim.loops import NO_LOOPS, LoopModel, draw_loop, extend_with_loop, place_loop
+from genfleet.sim.prompts import Opening, completion_seed, prompt_opening
+from genfleet.sim.reasoning_formats import DEFAULT_REASONING_FORMAT, ReasoningFormat
+from genfleet.sim.reasoning_formats import reasoning_format as get_reasoning_format
+from genfleet.sim.vocab import SimVocab
 
 __all__ = ["CompletionPlan", "LengthModel", "Opening", "completion_seed", "plan_completion", "plan_seeded",
            "prompt_opening"]

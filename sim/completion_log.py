@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sim.completion import CompletionPlan
-    from sim.engine import Frames, Served
+    from genfleet.sim.completion import CompletionPlan
+    from genfleet.sim.engine import Frames, Served
 
 
 class CompletionLog:

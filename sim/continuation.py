@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
-from sim.completion import CompletionPlan, Layout, assemble_plan
-from sim.prompts import Opening
+from genfleet.sim.completion import CompletionPlan, Layout, assemble_plan
+from genfleet.sim.prompts import Opening
 
 MAX_CUTS = 200_000
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from sim.aborts import RequestControl
-from sim.capacity import Capacity
+from genfleet.sim.aborts import RequestControl
+from genfleet.sim.capacity import Capacity
 
 
 class DecodeClock:

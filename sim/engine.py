@@ -7,15 +7,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sim.aborts import FORCE_STREAM_INTERVAL, RequestControl
-from sim.capacity import Capacity
-from sim.chunking import DecodeSteps
-from sim.completion import CompletionPlan
-from sim.decode_clock import DecodeClock
-from sim.faults import Corruption, Fault, FaultKind
-from sim.prefill_lane import PrefillLane
-from sim.prefix_cache import PrefixCache
-from sim.wire import DONE, abort_finish
+from genfleet.sim.aborts import FORCE_STREAM_INTERVAL, RequestControl
+from genfleet.sim.capacity import Capacity
+from genfleet.sim.chunking import DecodeSteps
+from genfleet.sim.completion import CompletionPlan
+from genfleet.sim.decode_clock import DecodeClock
+from genfleet.sim.faults import Corruption, Fault, FaultKind
+from genfleet.sim.prefill_lane import PrefillLane
+from genfleet.sim.prefix_cache import PrefixCache
+from genfleet.sim.wire import DONE, abort_finish
 
 
 class Responder(Protocol):

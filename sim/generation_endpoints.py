@@ -13,19 +13,19 @@ from typing import Any
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope
 
-from sim.aborts import InFlight, RequestControl
-from sim.capacity import Capacity
-from sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
-from sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
-from sim.completion import CompletionPlan
-from sim.completion_log import CompletionLog, served_record
-from sim.continuation import Cut, CutCompletions
-from sim.engine import Engine, Frames, Generation, Served
-from sim.faults import FaultInjector, FaultKind
-from sim.generation_response import GenerationResponse, read_body
-from sim.prefix_cache import PrefixCache
-from sim.reasoning_formats import ReasoningFormat
-from sim.request import (
+from genfleet.sim.aborts import InFlight, RequestControl
+from genfleet.sim.capacity import Capacity
+from genfleet.sim.chat_request import ChatRequest, ChatTemplate, parse_chat_request
+from genfleet.sim.chat_wire import INTERNAL_ERROR_TYPE, ChatFrames, ChatOptions, openai_error_body
+from genfleet.sim.completion import CompletionPlan
+from genfleet.sim.completion_log import CompletionLog, served_record
+from genfleet.sim.continuation import Cut, CutCompletions
+from genfleet.sim.engine import Engine, Frames, Generation, Served
+from genfleet.sim.faults import FaultInjector, FaultKind
+from genfleet.sim.generation_response import GenerationResponse, read_body
+from genfleet.sim.prefix_cache import PrefixCache
+from genfleet.sim.reasoning_formats import ReasoningFormat
+from genfleet.sim.request import (
     BadRequest,
     GenerateRequest,
     InvalidRequest,
@@ -33,9 +33,9 @@ from sim.request import (
     parse_generate_request,
     verify_sampling,
 )
-from sim.settings import SimSettings
-from sim.vocab import SimVocab
-from sim.wire import (
+from genfleet.sim.settings import SimSettings
+from genfleet.sim.vocab import SimVocab
+from genfleet.sim.wire import (
     DONE,
     SSE_MEDIA_TYPE,
     ChunkEncoder,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from sim.aborts import RequestControl
-from sim.engine import Engine, Generation
+from genfleet.sim.aborts import RequestControl
+from genfleet.sim.engine import Engine, Generation
 
 JSON_CONTENT_TYPE = b"application/json"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"  # what Starlette sends for SGLang's streams

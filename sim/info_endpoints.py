@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from sim.capacity import Capacity
-from sim.prefix_cache import PrefixCache
-from sim.settings import SimSettings
+from genfleet.sim.capacity import Capacity
+from genfleet.sim.prefix_cache import PrefixCache
+from genfleet.sim.settings import SimSettings
 
 
 class InfoEndpoints:

@@ -48,8 +48,8 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from sim.capacity import Capacity
-from sim.prefix_cache import PrefixCache
+from genfleet.sim.capacity import Capacity
+from genfleet.sim.prefix_cache import PrefixCache
 
 
 class PrefillTurn:

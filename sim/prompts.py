@@ -7,7 +7,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-from sim.vocab import THINK_END, THINK_START, SimVocab
+from genfleet.sim.vocab import THINK_END, THINK_START, SimVocab
 
 
 class Opening(enum.Enum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sim.vocab import EOS, THINK_END, THINK_START, SimVocab
+from genfleet.sim.vocab import EOS, THINK_END, THINK_START, SimVocab
 
 # The marker pieces that must be special tokens, so that `skip_special_tokens` drops them.
 _SPECIAL_PIECE = re.compile(r"<\|[^|<>]+\|>|</?think>|◁/?think▷")

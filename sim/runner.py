@@ -9,8 +9,8 @@ from types import FrameType
 
 import uvicorn
 
-from sim.server import SimServer
-from sim.settings import SimSettings
+from genfleet.sim.server import SimServer
+from genfleet.sim.settings import SimSettings
 
 GRACEFUL_SHUTDOWN_S = 2.0  # stalled streams never end by themselves
 

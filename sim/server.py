@@ -6,14 +6,14 @@ from __future__ import annotations
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from sim.capacity import Capacity
-from sim.completion_log import CompletionLog
-from sim.generation_endpoints import GenerationEndpoints
-from sim.info_endpoints import InfoEndpoints
-from sim.prefix_cache import PrefixCache
-from sim.reasoning_formats import reasoning_format
-from sim.settings import SimSettings
-from sim.vocab import SimVocab
+from genfleet.sim.capacity import Capacity
+from genfleet.sim.completion_log import CompletionLog
+from genfleet.sim.generation_endpoints import GenerationEndpoints
+from genfleet.sim.info_endpoints import InfoEndpoints
+from genfleet.sim.prefix_cache import PrefixCache
+from genfleet.sim.reasoning_formats import reasoning_format
+from genfleet.sim.settings import SimSettings
+from genfleet.sim.vocab import SimVocab
 
 GENERATE_PATH = "/generate"
 CHAT_PATH = "/v1/chat/completions"

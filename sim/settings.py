@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.capacity import CapacitySettings
-from sim.chunking import DecodeSteps
-from sim.completion import CompletionPlan, LengthModel, plan_completion, plan_seeded
-from sim.continuation import Cut, continuation_tail
-from sim.faults import FaultSettings
-from sim.loops import NO_LOOPS, LoopModel
-from sim.reasoning_formats import DEFAULT_REASONING_FORMAT
-from sim.request import DEFAULT_MAX_NEW_TOKENS
-from sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
+from genfleet.sim.capacity import CapacitySettings
+from genfleet.sim.chunking import DecodeSteps
+from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion, plan_seeded
+from genfleet.sim.continuation import Cut, continuation_tail
+from genfleet.sim.faults import FaultSettings
+from genfleet.sim.loops import NO_LOOPS, LoopModel
+from genfleet.sim.reasoning_formats import DEFAULT_REASONING_FORMAT
+from genfleet.sim.request import DEFAULT_MAX_NEW_TOKENS
+from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
 
 DEFAULT_CONTEXT_LENGTH = 32768
 # `create_abort_task` sleeps 2 s before aborting a stream whose client left (sglang 0.5.23

@@ -11,9 +11,9 @@ import time
 from itertools import accumulate
 from typing import Any
 
-from sim.completion import CompletionPlan
-from sim.faults import ErrorFormat
-from sim.vocab import SimVocab
+from genfleet.sim.completion import CompletionPlan
+from genfleet.sim.faults import ErrorFormat
+from genfleet.sim.vocab import SimVocab
 
 DONE = b"data: [DONE]\n\n"
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default

@@ -49,7 +49,7 @@ def fleet(redis_url: str, tmp_path: Path):
 @pytest.fixture(scope="session")
 def tokenizer():
     """The simulator's tokenizer (sim/model), as workers and the producer load it."""
-    from common.tokenizer import load_tokenizer
+    from genfleet.common.tokenizer import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
 
@@ -57,7 +57,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def vocab():
     """The simulator's view of the same vocabulary."""
-    from sim.vocab import SimVocab
+    from genfleet.sim.vocab import SimVocab
 
     return SimVocab.from_tokenizer_dir(TOKENIZER)
 
@@ -75,7 +75,7 @@ def prompt(vocab) -> list[int]:
 @pytest.fixture
 def sglang_client():
     """The workers' SGLang client, closed after the test."""
-    from workers.sglang.client import SglangClient
+    from genfleet.workers.sglang.client import SglangClient
 
     client = SglangClient(max_connections=16, connect_timeout_s=5, stall_timeout_s=30)
     yield client

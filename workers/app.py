@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from celery import Celery
 
-from common.queues import QUEUES, SERIALIZATION, SHORT
-from common.settings import Settings
+from genfleet.common.queues import QUEUES, SERIALIZATION, SHORT
+from genfleet.common.settings import Settings
 
 
 def create_app(settings: Settings) -> Celery:
     # kombu's Redis transport, changed where it would lose or re-run a prompt (workers/broker.py).
-    app = Celery("genfleet", broker=settings.redis_url, amqp="workers.broker:AMQP")
+    app = Celery("genfleet", broker=settings.redis_url, amqp="genfleet.workers.broker:AMQP")
     transport = {
         # kombu re-queues an unacked task after this even if it still runs: far above any task.
         "visibility_timeout": settings.visibility_timeout_s,

@@ -59,8 +59,8 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from common import kombu_wire
-from common.keys import KOMBU_UNACKED, TRANSITS, queue_list, transit_list, transit_queue
+from genfleet.common import kombu_wire
+from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, queue_list, transit_list, transit_queue
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from typing import Annotated, Any, NoReturn, Optional
 import redis
 import typer
 
-from common.queues import PARTITIONS
-from common.redis_checks import durability_problems
-from common.settings import Settings
-from workers.sglang.stream_http import Origin, UpstreamURLError
+from genfleet.common.queues import PARTITIONS
+from genfleet.common.redis_checks import durability_problems
+from genfleet.common.settings import Settings
+from genfleet.workers.sglang.stream_http import Origin, UpstreamURLError
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
@@ -45,7 +45,7 @@ def worker_command(
     warn_about_redis(settings.redis_url)
     # One INFO line per HTTP request would drown the task log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from workers.lifecycle import run_worker  # Celery's worker machinery loads only here
+    from genfleet.workers.lifecycle import run_worker  # Celery's worker machinery loads only here
 
     run_worker(settings, loglevel)
 
@@ -64,7 +64,7 @@ def flower_command(
     # run only when auth is configured. So genfleet's Flower always has a password.
     if problem := flower_auth_problem(settings.flower_auth):
         usage_error(problem)
-    from workers.app import create_app
+    from genfleet.workers.app import create_app
 
     argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
             "--purge_offline_workers=600", f"--basic-auth={settings.flower_auth}",
@@ -105,7 +105,7 @@ def upstream_problem(url: str) -> str | None:
 def warn_about_redis(url: str) -> None:
     """A warning per way the broker may lose prompts (no noeviction, no AOF: common/redis_checks.py).
     Logging is not set up yet (Celery does it), so the lines go to stderr as they are."""
-    from common.run_state import connect
+    from genfleet.common.run_state import connect
 
     client = connect(url, timeout_s=5.0)
     try:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.errors import ShutdownRequested
+from genfleet.workers.errors import ShutdownRequested
 
 
 class DiskUnwritable(Exception):

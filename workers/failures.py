@@ -19,10 +19,10 @@ import redis
 from celery import Task
 from celery.exceptions import Reject, Retry
 
-from common.records import TaskPayload
-from workers import telemetry
-from workers.errors import GenerationError, IntegrityError, UpstreamAborted
-from workers.runtime import WorkerRuntime
+from genfleet.common.records import TaskPayload
+from genfleet.workers import telemetry
+from genfleet.workers.errors import GenerationError, IntegrityError, UpstreamAborted
+from genfleet.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

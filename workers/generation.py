@@ -9,17 +9,17 @@ from array import array
 from collections.abc import Callable
 from dataclasses import replace
 
-from common.reasoning import get_format, starts_in_reasoning
-from common.records import TaskPayload, Turn, Usage
-from common.tokenizer import render_prompts
-from workers.errors import GenerationError, PermanentError
-from workers.loop_guard import LoopThresholds
-from workers.runtime import WorkerRuntime
-from workers.sglang.client import Generation
-from workers.sglang.requests import chat_body, generate_body
-from workers.sglang.stream_watch import StreamWatch
-from workers.truncation import Continuation, joined, prompt_with_prefix
-from workers.turns import history_before, reply_positions
+from genfleet.common.reasoning import get_format, starts_in_reasoning
+from genfleet.common.records import TaskPayload, Turn, Usage
+from genfleet.common.tokenizer import render_prompts
+from genfleet.workers.errors import GenerationError, PermanentError
+from genfleet.workers.loop_guard import LoopThresholds
+from genfleet.workers.runtime import WorkerRuntime
+from genfleet.workers.sglang.client import Generation
+from genfleet.workers.sglang.requests import chat_body, generate_body
+from genfleet.workers.sglang.stream_watch import StreamWatch
+from genfleet.workers.truncation import Continuation, joined, prompt_with_prefix
+from genfleet.workers.turns import history_before, reply_positions
 
 # Leading prompt tokens that pick a host: a shorter prompt is hashed whole, so unrelated prompts
 # spread evenly; prompts sharing a longer prefix (a system prompt) meet on one host's cache.

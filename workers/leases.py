@@ -22,9 +22,9 @@ from collections.abc import Callable, Collection, Iterator
 
 import redis
 
-from common import kombu_wire
-from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK, queue_list
-from workers import broker, unaccounted
+from genfleet.common import kombu_wire
+from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK, queue_list
+from genfleet.workers import broker, unaccounted
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from common.settings import Settings
-from workers import tasks, telemetry
-from workers.app import create_app
-from workers.runtime import WorkerRuntime, running_delivery_tag
+from genfleet.common.settings import Settings
+from genfleet.workers import tasks, telemetry
+from genfleet.workers.app import create_app
+from genfleet.workers.runtime import WorkerRuntime, running_delivery_tag
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.keys import KOMBU_UNACKED, queue_list
-from common.queues import LONG, PARTITIONS, SHORT
+from genfleet.common.keys import KOMBU_UNACKED, queue_list
+from genfleet.common.queues import LONG, PARTITIONS, SHORT
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from typing import Any
 import redis
 from celery.worker import state as celery_state
 
-from common.run_state import RunState, connect
-from common.settings import Settings
-from common.tokenizer import load_tokenizer
-from workers.disk import DiskGuard
-from workers.leases import LeaseKeeper, Reaper
-from workers.sglang.client import SglangClient
-from workers.sglang.split import CompletionSplitter
-from workers.shard_writer import ShardSet
-from workers.upstreams import UpstreamPool
+from genfleet.common.run_state import RunState, connect
+from genfleet.common.settings import Settings
+from genfleet.common.tokenizer import load_tokenizer
+from genfleet.workers.disk import DiskGuard
+from genfleet.workers.leases import LeaseKeeper, Reaper
+from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.sglang.split import CompletionSplitter
+from genfleet.workers.shard_writer import ShardSet
+from genfleet.workers.upstreams import UpstreamPool
 
 # Threads beyond the in-flight cap: while one thread fsyncs its record, acks and fetches the next
 # task, a spare one already holds the next stream, so the server's slots never sit empty.

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from common.shards import open_shard_name, sealed, shard_dir, shard_seq
+from genfleet.common.shards import open_shard_name, sealed, shard_dir, shard_seq
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ import redis
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from common.names import task_problem
-from common.queues import GENERATE_TASK
-from common.reasoning import get_format, starts_in_reasoning
-from common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
-from common.run_state import Outcome
-from workers import telemetry
-from workers.disk import DiskUnwritable
-from workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
-from workers.failures import handle_failure
-from workers.generation import BudgetSpent, generate_turns
-from workers.runtime import WorkerRuntime
-from workers.sglang.client import Generation
-from workers.shard_writer import ShardWriteFailed
-from workers.truncation import Continuation, follow_up
+from genfleet.common.names import task_problem
+from genfleet.common.queues import GENERATE_TASK
+from genfleet.common.reasoning import get_format, starts_in_reasoning
+from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
+from genfleet.common.run_state import Outcome
+from genfleet.workers import telemetry
+from genfleet.workers.disk import DiskUnwritable
+from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
+from genfleet.workers.failures import handle_failure
+from genfleet.workers.generation import BudgetSpent, generate_turns
+from genfleet.workers.runtime import WorkerRuntime
+from genfleet.workers.sglang.client import Generation
+from genfleet.workers.shard_writer import ShardWriteFailed
+from genfleet.workers.truncation import Continuation, follow_up
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import redis
 
-from common import beacons, rates
-from common.dead_letters import PERMANENT, TRANSIENT
-from common.queues import GENERATE_TASK
-from common.records import CompletionRecord, TaskPayload
-from workers.errors import GenerationError, IntegrityError
-from workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
-from workers.runtime import WorkerRuntime
+from genfleet.common import beacons, rates
+from genfleet.common.dead_letters import PERMANENT, TRANSIENT
+from genfleet.common.queues import GENERATE_TASK
+from genfleet.common.records import CompletionRecord, TaskPayload
+from genfleet.workers.errors import GenerationError, IntegrityError
+from genfleet.workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
+from genfleet.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

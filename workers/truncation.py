@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from common.queues import LONG
-from common.records import TaskPayload
-from workers.sglang.client import Generation
+from genfleet.common.queues import LONG
+from genfleet.common.records import TaskPayload
+from genfleet.workers.sglang.client import Generation
 
 TRUNCATION_POLICIES = ("keep", "continue", "regenerate")
 

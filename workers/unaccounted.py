@@ -22,10 +22,10 @@ from collections import defaultdict
 
 import redis
 
-from common import kombu_wire
-from common.keys import KOMBU_UNACKED, PREFIX, TRANSITS, UNACCOUNTED_CHECK, RunKeys, queue_list
-from common.queues import PARTITIONS
-from common.run_state import RunState
+from genfleet.common import kombu_wire
+from genfleet.common.keys import KOMBU_UNACKED, PREFIX, TRANSITS, UNACCOUNTED_CHECK, RunKeys, queue_list
+from genfleet.common.queues import PARTITIONS
+from genfleet.common.run_state import RunState
 
 log = logging.getLogger(__name__)
 

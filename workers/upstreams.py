@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from workers.errors import ShutdownRequested, TransientError
+from genfleet.workers.errors import ShutdownRequested, TransientError
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from genfleet.doctor.checks import Check, fail, ok
-from workers.disk import DiskGuard
+from genfleet.workers.disk import DiskGuard
 
 NAME = "output dir"
 WRITABLE_FIX = "point --output-dir / GENFLEET_OUTPUT_DIR at a directory this user can write"

@@ -14,15 +14,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common.reasoning import ReasoningFormat
-from common.records import TaskPayload
-from common.settings import Settings
+from genfleet.common.reasoning import ReasoningFormat
+from genfleet.common.records import TaskPayload
+from genfleet.common.settings import Settings
 from genfleet.doctor.checks import Check, fail, ok, warn
 from genfleet.doctor.template_checks import MODEL_TOKENIZER_FIX, PROBE_MESSAGES, Opening, TemplateProbe, variant_label
-from workers.errors import GenerationError, IntegrityError
-from workers.sglang.client import SglangClient
-from workers.sglang.requests import generate_body
-from workers.sglang.split import CompletionSplitter
+from genfleet.workers.errors import GenerationError, IntegrityError
+from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.sglang.requests import generate_body
+from genfleet.workers.sglang.split import CompletionSplitter
 
 PROBE_MAX_NEW_TOKENS = 64
 PROBE_DEADLINE_S = 60.0

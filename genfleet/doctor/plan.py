@@ -11,12 +11,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from common.queues import LONG, SHORT
-from common.reasoning import UnknownParserError, get_format
-from common.settings import Settings
-from producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
-from producer.run_file import RunFile, load_run_file
-from workers.cli import settings_with, upstream_problem
+from genfleet.common.queues import LONG, SHORT
+from genfleet.common.reasoning import UnknownParserError, get_format
+from genfleet.common.settings import Settings
+from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
+from genfleet.producer.run_file import RunFile, load_run_file
+from genfleet.workers.cli import settings_with, upstream_problem
 
 # Stands in for the datasets when the run file names none, so `resolve` still merges the run file's
 # chat template kwargs and `thinking` exactly as it would for a dataset. Never read.

@@ -5,7 +5,7 @@ would need it: one failure, one row, not a cascade.
 """
 from __future__ import annotations
 
-from common.reasoning import get_format
+from genfleet.common.reasoning import get_format
 from genfleet.doctor.checks import Check, fail, ok
 from genfleet.doctor.disk_checks import output_dir_check
 from genfleet.doctor.generation_check import generation_check
@@ -13,8 +13,8 @@ from genfleet.doctor.plan import Preflight
 from genfleet.doctor.redis_checks import redis_checks
 from genfleet.doctor.template_checks import probe_template, template_check, tokenizer_check, variant_label
 from genfleet.doctor.upstream_checks import upstream_check
-from producer.readers import DatasetReadError, open_dataset
-from workers.sglang.client import SglangClient
+from genfleet.producer.readers import DatasetReadError, open_dataset
+from genfleet.workers.sglang.client import SglangClient
 
 # An operator's command: a Redis or host that does not answer is reported in seconds.
 TIMEOUT_S = 5.0

@@ -11,10 +11,10 @@ import time
 
 import redis
 
-from common.queues import PARTITIONS
-from common.redis_checks import durability_problems
-from common.run_state import connect
-from common.settings import printable_url
+from genfleet.common.queues import PARTITIONS
+from genfleet.common.redis_checks import durability_problems
+from genfleet.common.run_state import connect
+from genfleet.common.settings import printable_url
 from genfleet.doctor.checks import Check, fail, ok, warn
 from genfleet.doctor.plan import Preflight
 

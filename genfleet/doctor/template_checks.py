@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.reasoning import ReasoningFormat
-from common.tokenizer import load_tokenizer, render_prompts
+from genfleet.common.reasoning import ReasoningFormat
+from genfleet.common.tokenizer import load_tokenizer, render_prompts
 from genfleet.doctor.checks import Check, fail, ok
 from genfleet.doctor.plan import TemplateVariant
 

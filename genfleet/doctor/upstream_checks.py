@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from common.settings import Settings
+from genfleet.common.settings import Settings
 from genfleet.doctor.checks import Check, Status, fail, ok
-from workers.sglang.client import SglangClient
-from workers.sglang.generate_stream import StreamMode
+from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.sglang.generate_stream import StreamMode
 
 HEALTH_TIMEOUT_S = 5.0
 

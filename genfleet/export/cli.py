@@ -127,8 +127,8 @@ def _open_run(err: Console, run: str, redis_url: str | None) -> tuple[RunLedger,
     """The run as Redis holds it, to reconcile the shards against; aborts if Redis cannot say."""
     import redis
 
-    from common.run_state import RunState
-    from common.settings import Settings
+    from genfleet.common.run_state import RunState
+    from genfleet.common.settings import Settings
     from genfleet.export.reconcile import Reconciler, RunLedger
 
     url = redis_url or Settings().redis_url
@@ -155,7 +155,7 @@ def _build_format(format_name: str, inputs: FormatInputs) -> BuiltFormat:
 def _export(err: Console, options: ExportOptions, built: BuiltFormat, ledger: RunLedger | None,
             reconciler: Reconciler | None) -> ExportReport:
     """Runs the export under progress bars; the manifest is written even when it stops on an error."""
-    from common.shards import ShardError
+    from genfleet.common.shards import ShardError
     from genfleet.export.card import write_card_and_manifest
     from genfleet.export.exporter import Exporter, ExportError
 

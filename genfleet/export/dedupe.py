@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from common import bitmaps
+from genfleet.common import bitmaps
 
 
 class RowBitmap:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.shards import Shard, ShardError, ShardLine, ShardReader, find_shards
+from genfleet.common.shards import Shard, ShardError, ShardLine, ShardReader, find_shards
 from genfleet.export.conversation import FormatError, Record
 from genfleet.export.dedupe import SeenRecords
 from genfleet.export.formats import FORMATS, RecordFormatter

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from common.dead_letters import PERMANENT
-from common.keys import ManifestFields
-from common.reasoning import ReasoningFormat, get_format
+from genfleet.common.dead_letters import PERMANENT
+from genfleet.common.keys import ManifestFields
+from genfleet.common.reasoning import ReasoningFormat, get_format
 from genfleet.export.conversation import Record, conversation_of, generated_turns
 from genfleet.export.tokenized import TokenizedFormat
 
@@ -198,7 +198,7 @@ def _fixed(formatter: RecordFormatter) -> Callable[[FormatInputs], BuiltFormat]:
 
 def _build_sharegpt(inputs: FormatInputs) -> BuiltFormat:
     """The run's reasoning markers: its parser as enqueued, else the settings'."""
-    from common.settings import Settings
+    from genfleet.common.settings import Settings
 
     ledger = inputs.ledger
     parser = (ledger.config.get("reasoning_parser") if ledger is not None else None) \
@@ -209,7 +209,7 @@ def _build_sharegpt(inputs: FormatInputs) -> BuiltFormat:
 def _build_tokenized(inputs: FormatInputs) -> BuiltFormat:
     """The tokenizer: --tokenizer, else the run's; chat-template kwargs: --chat-template-kwargs for
     every dataset, else each dataset's as enqueued."""
-    from common.tokenizer import load_tokenizer
+    from genfleet.common.tokenizer import load_tokenizer
 
     ledger = inputs.ledger
     directory = str(inputs.tokenizer) if inputs.tokenizer is not None else (

@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from common.keys import ManifestFields
+from genfleet.common.keys import ManifestFields
 from genfleet.export.exporter import MANIFEST, MISSING
 from genfleet.export.reconcile import RunLedger
 from genfleet.export.report import DatasetTally, ExportReport

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import bitmaps
-from common.dead_letters import DeadLetter
-from common.keys import ManifestFields
-from common.run_state import RunState
+from genfleet.common import bitmaps
+from genfleet.common.dead_letters import DeadLetter
+from genfleet.common.keys import ManifestFields
+from genfleet.common.run_state import RunState
 from genfleet.export.dedupe import SeenRecords
 
 EXAMPLES = 20  # missing rows shown per dataset in the manifest and on the console

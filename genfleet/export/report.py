@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.shards import TornLine
+from genfleet.common.shards import TornLine
 from genfleet.export.conversation import Record
 from genfleet.export.features import LineFeatures
 from genfleet.export.filters import RecordFilters, looped

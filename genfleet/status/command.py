@@ -15,8 +15,8 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.text import Text
 
-from common.run_state import connect
-from common.settings import Settings, printable_url
+from genfleet.common.run_state import connect
+from genfleet.common.settings import Settings, printable_url
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
 from genfleet.status.read_model import read_status
 from genfleet.status.render import render, status_json

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
-from common import rates
+from genfleet.common import rates
 
 MINUTES = 60
 

@@ -37,9 +37,9 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from common import rates
-from common.dead_letters import DeadLetter
-from common.keys import RunKeys
+from genfleet.common import rates
+from genfleet.common.dead_letters import DeadLetter
+from genfleet.common.keys import RunKeys
 from genfleet.status.alarms import AlarmSettings, alarms
 from genfleet.status.history import read_minutes
 from genfleet.status.page_view import RECENT_FAILURES, Failures, PageData, page_fragment, page_json, page_shell
@@ -64,8 +64,8 @@ _HEADERS = {
 def serve_page(redis_url: str, run: str, *, port: int, bind: str, flower_url: str, auth: str | None,
                settings: AlarmSettings, redis_timeout_s: float) -> None:
     """The `--serve` branch of `genfleet status`: checks the flags and the auth rule, listens, serves."""
-    from common.run_state import connect
-    from workers.cli import flower_auth_problem, usage_error
+    from genfleet.common.run_state import connect
+    from genfleet.workers.cli import flower_auth_problem, usage_error
 
     if problem := flower_url_problem(flower_url):
         usage_error(f"--flower-url {problem}")

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import redis
 
-from common import beacons, rates
-from common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
-from common.length_histogram import LengthHistogram
-from common.queues import PARTITIONS
-from common.redis_checks import durability_problems
-from common.run_state import RunState
+from genfleet.common import beacons, rates
+from genfleet.common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
+from genfleet.common.length_histogram import LengthHistogram
+from genfleet.common.queues import PARTITIONS
+from genfleet.common.redis_checks import durability_problems
+from genfleet.common.run_state import RunState
 from genfleet.status.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
 from genfleet.status.snapshot import (
     DatasetProgress,

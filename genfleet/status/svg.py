@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from common.length_histogram import BUCKETS_PER_OCTAVE, bucket_bounds
+from genfleet.common.length_histogram import BUCKETS_PER_OCTAVE, bucket_bounds
 
 LINE_WIDTH, LINE_HEIGHT = 560, 150
 HIST_WIDTH, HIST_HEIGHT = 360, 110

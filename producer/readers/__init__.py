@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.readers import columnar, jsonl
-from producer.readers.rows import DatasetReadError, MalformedRow, SourceRow
+from genfleet.producer.readers import columnar, jsonl
+from genfleet.producer.readers.rows import DatasetReadError, MalformedRow, SourceRow
 
 __all__ = ["DatasetReadError", "DatasetSource", "MalformedRow", "SourceRow", "open_dataset", "read_dataset"]
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from producer.readers.rows import DatasetReadError, SourceRow
+from genfleet.producer.readers.rows import DatasetReadError, SourceRow
 
 BATCH_ROWS = 2048
 HF_MARKERS = ("state.json", "dataset_info.json")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from producer.readers.rows import DatasetReadError, MalformedRow, SourceRow
+from genfleet.producer.readers.rows import DatasetReadError, MalformedRow, SourceRow
 
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd",
             ".json.zstd")

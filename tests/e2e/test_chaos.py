@@ -11,8 +11,8 @@ from helpers.redis_server import RedisServer
 from helpers.sim_process import ONE_SECOND, TWO_SECONDS, SimProcess, free_port
 from helpers.waits import wait_until
 
-from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
-from common.run_state import RunState
+from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+from genfleet.common.run_state import RunState
 
 # Fast reclaim and retries, scaled down from minutes to seconds.
 QUICK = dict(lease_ttl_s=3, lease_heartbeat_s=0.5, reaper_interval_s=0.5, retry_backoff_s=0.2,

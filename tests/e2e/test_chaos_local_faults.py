@@ -10,8 +10,8 @@ from helpers.sim_process import SimProcess
 from helpers.tmpfs import fill, tmpfs
 from helpers.waits import wait_until
 
-from common.keys import LEASES
-from common.run_state import RunState
+from genfleet.common.keys import LEASES
+from genfleet.common.run_state import RunState
 
 QUICK = dict(lease_ttl_s=3, lease_heartbeat_s=0.5, reaper_interval_s=0.5, retry_backoff_s=0.2,
              retry_backoff_max_s=2, disk_wait_s=2)

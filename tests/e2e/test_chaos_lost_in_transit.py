@@ -15,9 +15,9 @@ from helpers.data import write_prompts
 from helpers.sim_process import ONE_SECOND, SimProcess
 from helpers.waits import wait_until
 
-from common.keys import KOMBU_UNACKED, TRANSITS
-from common.queues import SHORT
-from common.run_state import RunState
+from genfleet.common.keys import KOMBU_UNACKED, TRANSITS
+from genfleet.common.queues import SHORT
+from genfleet.common.run_state import RunState
 
 QUICK = dict(lease_ttl_s=3, lease_heartbeat_s=0.5, reaper_interval_s=0.5, retry_backoff_s=0.2,
              retry_backoff_max_s=2, stall_timeout_s=5, breaker_open_s=1, health_interval_s=0.5)
@@ -27,10 +27,10 @@ QUICK = dict(lease_ttl_s=3, lease_heartbeat_s=0.5, reaper_interval_s=0.5, retry_
 KILLED_IN_THE_WINDOW = """
 import os
 from kombu import Consumer
-from common.queues import QUEUES, SHORT
-from common.settings import Settings
-from workers import broker
-from workers.app import create_app
+from genfleet.common.queues import QUEUES, SHORT
+from genfleet.common.settings import Settings
+from genfleet.workers import broker
+from genfleet.workers.app import create_app
 
 broker.QoS.append = lambda *_: os.kill(os.getpid(), 9)
 with create_app(Settings()).connection_for_read() as connection:

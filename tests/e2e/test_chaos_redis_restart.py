@@ -16,8 +16,8 @@ from helpers.redis_server import RedisServer
 from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
-from common.keys import KOMBU_UNACKED
-from common.run_state import RunState
+from genfleet.common.keys import KOMBU_UNACKED
+from genfleet.common.run_state import RunState
 
 WORKERS, STREAMS = 3, 50
 PROMPTS = WORKERS * STREAMS

@@ -27,7 +27,9 @@ from helpers.paths import REPO
 from genfleet.sample_data import BAD_LINES, DATASETS, good_rows
 
 VERSION = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
-PACKAGES = ("genfleet", "common", "producer", "workers", "sim")
+# The source folders, and the one namespace they install as (pyproject.toml's package-dir).
+FOLDERS = ("genfleet", "common", "producer", "workers", "sim")
+PACKAGES = ("genfleet", "genfleet.common", "genfleet.producer", "genfleet.workers", "genfleet.sim")
 # Quick: 29 prompts, no Flower, a simulator that decodes 2,000 tokens/s per request.
 QUICK_DEMO = ("--scale", "0.02", "--no-flower", "--sim-rate", "2000")
 
@@ -62,8 +64,8 @@ def _build_wheel(out: Path) -> Path:
     source = _mkdir(out / "source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
-    for package in PACKAGES:
-        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "--no-index", "-q", "-w", str(out / "wheel"), str(source)],
                            capture_output=True, text=True, timeout=120)
@@ -120,11 +122,23 @@ def test_the_installed_genfleet_comes_from_the_wheel_not_the_repository(installe
     assert not [path for path in seen["path"] if path.startswith(str(REPO))], seen["path"]
 
 
+def test_the_wheel_installs_one_top_level_package_and_nothing_of_the_old_names(installed: Installed) -> None:
+    top_level = {name.split("/")[0] for name in zipfile.ZipFile(installed.wheel).namelist()}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"genfleet"}
+    for old in ("common", "producer", "workers", "sim"):
+        result = installed.run(str(installed.venv / "bin" / "python"), "-c", f"import {old}")
+        assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, (old, result.stderr)
+
+
 def test_the_wheel_holds_every_file_the_packages_read_at_run_time(installed: Installed) -> None:
-    data_files = {path.relative_to(REPO).as_posix() for package in PACKAGES for path in (REPO / package).rglob("*")
+    def in_package(path: Path) -> str:
+        relative = path.relative_to(REPO).as_posix()
+        return relative if relative.startswith("genfleet/") else f"genfleet/{relative}"
+
+    data_files = {in_package(path) for folder in FOLDERS for path in (REPO / folder).rglob("*")
                   if path.is_file() and path.suffix not in (".py", ".pyc") and not path.name.startswith(".")
                   and "__pycache__" not in path.parts}
-    assert {"common/publish.lua", "sim/model/tokenizer.json"} <= data_files  # the walk finds them
+    assert {"genfleet/common/publish.lua", "genfleet/sim/model/tokenizer.json"} <= data_files  # the walk finds them
     in_wheel = set(zipfile.ZipFile(installed.wheel).namelist())
     assert data_files - in_wheel == set(), "add them to [tool.setuptools.package-data] in pyproject.toml"
 

@@ -40,9 +40,9 @@ from helpers.sim_process import free_port
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from common.queues import LONG, PARTITIONS, SHORT
-from common.settings import Settings
 from genfleet.cli import app as cli_app
+from genfleet.common.queues import LONG, PARTITIONS, SHORT
+from genfleet.common.settings import Settings
 
 # Env vars a deploy file may set that are not genfleet settings, each for a reason.
 OTHER_ENV = {

@@ -16,8 +16,8 @@ from helpers.redis_server import pings
 from helpers.sim_process import ONE_SECOND, SimProcess, free_port
 from helpers.waits import wait_until
 
-from common.queues import SHORT
-from common.settings import Settings
+from genfleet.common.queues import SHORT
+from genfleet.common.settings import Settings
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def tls_redis(tmp_path):
 
 
 def test_redis_tls_with_a_password_runs_a_job_and_the_broker_verifies_the_certificate(tls_redis, tmp_path):
-    from workers.app import create_app
+    from genfleet.workers.app import create_app
 
     url, certs, password, port = tls_redis
 

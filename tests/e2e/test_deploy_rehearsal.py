@@ -18,7 +18,7 @@ from helpers.pickles import LeavesATrace
 from helpers.sim_process import ONE_SECOND, SimProcess, free_port
 from helpers.waits import wait_until
 
-from common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
+from genfleet.common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
 
 
 def keda_work(scrapes: list[list[Sample]], partition: str) -> tuple[float, float]:

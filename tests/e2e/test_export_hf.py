@@ -23,9 +23,9 @@ import redis
 from helpers.data import read_jsonl as lines
 from helpers.export_runs import EXIT_INCOMPLETE, run_export, sampled_run, synthetic_run
 
-from common.reasoning import get_format
-from common.records import TaskPayload
-from common.run_state import RunState
+from genfleet.common.reasoning import get_format
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import RunState
 
 pytest.importorskip("datasets", reason="the `hf` extra (pip install -e '.[hf]') reads the exports")
 

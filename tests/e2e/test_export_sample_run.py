@@ -18,7 +18,7 @@ from helpers.fleet import Fleet
 from helpers.paths import TOKENIZER
 from helpers.sim_process import FAST_SIM, SimProcess
 
-from common.tokenizer import load_tokenizer, render_prompts
+from genfleet.common.tokenizer import load_tokenizer, render_prompts
 
 RUN = SampleRun.RUN
 

@@ -7,8 +7,8 @@ import redis
 from helpers.data import read_jsonl as lines
 from helpers.export_runs import EXIT_ABORTED, EXIT_INCOMPLETE, run_export, synthetic_run
 
-from common.records import TaskPayload
-from common.run_state import RunState
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import RunState
 
 
 def test_filters_leave_out_what_they_say_and_count_it(redis_server, tmp_path):

@@ -22,9 +22,9 @@ from helpers.flower import FlowerProcess
 from helpers.sim_process import free_port
 from typer.testing import CliRunner
 
-from common.queues import GENERATE_TASK, PARTITIONS
 from genfleet.cli import app as cli_app
-from workers.cli import flower_auth_problem
+from genfleet.common.queues import GENERATE_TASK, PARTITIONS
+from genfleet.workers.cli import flower_auth_problem
 
 EVIL = "http://evil.example"
 # What the page would have Flower send: a task whose names leave the output root (see test_names).

@@ -11,10 +11,10 @@ from helpers.data import read_jsonl, write_jsonl
 from helpers.paths import TOKENIZER
 from helpers.sim_process import SimProcess
 
-from common.reasoning import split_reasoning
-from producer.templating import PromptTemplater
-from sim.cli import parse_sim_args
-from sim.vocab import SimVocab
+from genfleet.common.reasoning import split_reasoning
+from genfleet.producer.templating import PromptTemplater
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.vocab import SimVocab
 
 LOOP_FLAGS = ("--length-tokens", "100:900", "--loop-rate", "0.1", "--loop-period", "5:40",
               "--stream-interval", "8")

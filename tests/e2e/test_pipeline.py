@@ -7,9 +7,9 @@ from helpers.data import sample_dataset_args, write_jsonl, write_prompts
 from helpers.paths import TOKENIZER
 from helpers.sim_process import FAST_SIM, SimProcess
 
-from producer.templating import PromptTemplater
-from sim.completion import LengthModel, plan_completion
-from sim.vocab import SimVocab
+from genfleet.producer.templating import PromptTemplater
+from genfleet.sim.completion import LengthModel, plan_completion
+from genfleet.sim.vocab import SimVocab
 
 MAX_NEW_TOKENS = {"short": 10240, "long": 16384}
 
@@ -78,8 +78,8 @@ def test_short_pool_holds_150_requests_in_flight_and_long_pool_32(fleet, tmp_pat
 
 
 def test_regenerate_all_makes_each_turn_in_order_on_the_models_own_replies(fleet, tmp_path):
-    from common.tokenizer import load_tokenizer, render_prompts
-    from workers.turns import history_before
+    from genfleet.common.tokenizer import load_tokenizer, render_prompts
+    from genfleet.workers.turns import history_before
 
     conversation = []
     for turn in range(3):

@@ -8,7 +8,7 @@ from helpers.data import write_jsonl
 from helpers.paths import TOKENIZER
 from helpers.producer_cli import all_payloads, enqueue, queued_payloads
 
-from common.run_state import RunState
+from genfleet.common.run_state import RunState
 
 
 def test_pinned_and_over_threshold_prompts_go_to_long(fleet, tmp_path, redis_client):
@@ -89,7 +89,7 @@ def test_published_message_matches_what_celery_send_task_stores(redis_url, redis
     from celery import Celery
     from kombu import Connection
 
-    from common.queues import GENERATE_TASK, QUEUES, SERIALIZATION
+    from genfleet.common.queues import GENERATE_TASK, QUEUES, SERIALIZATION
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hello"}])
     enqueue(redis_url, f"d={data}", run="fmt")

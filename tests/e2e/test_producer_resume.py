@@ -13,8 +13,8 @@ from helpers.paths import REPO, TOKENIZER
 from helpers.producer_cli import all_payloads, decode_message, enqueue, queued_ids, queued_payloads, table_rows
 from helpers.waits import wait_until
 
-from common.keys import ManifestFields
-from common.run_state import RunState
+from genfleet.common.keys import ManifestFields
+from genfleet.common.run_state import RunState
 
 
 def genfleet_enqueue(redis_url, *args):
@@ -142,11 +142,11 @@ def test_dry_run_publishes_nothing_and_reports_prompts_rejections_tokens_and_mem
 
 def test_dry_run_memory_estimate_is_close_to_what_redis_spends(redis_url, redis_client, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"question {i} " + "word " * (i % 30)} for i in range(3000)])
-    from common.settings import Settings
-    from producer.dry_run import DryRunDestination, queue_memory_bytes
-    from producer.enqueue import enqueue_dataset
-    from producer.run_config import CliOptions, DatasetSpec, resolve
-    from producer.templating import PromptTemplater
+    from genfleet.common.settings import Settings
+    from genfleet.producer.dry_run import DryRunDestination, queue_memory_bytes
+    from genfleet.producer.enqueue import enqueue_dataset
+    from genfleet.producer.run_config import CliOptions, DatasetSpec, resolve
+    from genfleet.producer.templating import PromptTemplater
 
     config = resolve(CliOptions(datasets=(DatasetSpec.parse(f"d={data}"),), run="m", tokenizer=str(TOKENIZER)),
                      None, Settings())
@@ -160,7 +160,7 @@ def test_dry_run_memory_estimate_is_close_to_what_redis_spends(redis_url, redis_
 
 
 def test_rows_already_done_are_skipped_and_counted_as_such(redis_url, redis_client, tmp_path):
-    from common.run_state import Outcome
+    from genfleet.common.run_state import Outcome
 
     state = RunState(redis_client, "done")
     finished = Outcome(prompt_tokens=1, completion_tokens=1, reasoning_tokens=0, truncated=False,

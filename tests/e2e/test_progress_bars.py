@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
 
-from common.records import TaskPayload
-from common.run_state import RunState
 from genfleet.cli import app
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import RunState
 from genfleet.progress import BYTES, RateColumn
 
 ANSI_FREE = {"NO_COLOR": "1", "COLUMNS": "200", "TERM": "xterm"}

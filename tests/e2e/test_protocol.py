@@ -9,11 +9,11 @@ from helpers.sim_plans import FORMATS
 from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
-from common.tokenizer import render_prompts
-from sim.completion import LengthModel, plan_completion
-from workers.errors import PermanentError, StreamStalled, TransientError, UpstreamAborted
-from workers.sglang.client import SglangClient
-from workers.sglang.split import CompletionSplitter
+from genfleet.common.tokenizer import render_prompts
+from genfleet.sim.completion import LengthModel, plan_completion
+from genfleet.workers.errors import PermanentError, StreamStalled, TransientError, UpstreamAborted
+from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.sglang.split import CompletionSplitter
 
 SCALE = 0.03
 FAST = ("--rate", "2000", "--length-scale", str(SCALE))

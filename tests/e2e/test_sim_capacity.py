@@ -12,7 +12,7 @@ from helpers.sim_plans import plan
 from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
-from sim.completion import LengthModel
+from genfleet.sim.completion import LengthModel
 
 
 async def _open_streams(url: str, payload: dict[str, Any], count: int, stack: contextlib.AsyncExitStack):

@@ -15,8 +15,8 @@ import httpx
 from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
-from sim.cli import parse_sim_args
-from sim.completion_log import read_completion_log
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.completion_log import read_completion_log
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 # 50 tok/s, 2,000-token completions: a request runs for 40 s unless something ends it.

@@ -20,7 +20,7 @@ from helpers.paths import ARTIFACTS
 from helpers.sim_process import SimProcess, free_port
 from helpers.waits import wait_until
 
-from common.run_state import RunState
+from genfleet.common.run_state import RunState
 from genfleet.status.eta import FLEET, Eta
 from genfleet.status.page import read_page
 from genfleet.status.page_view import page_fragment

@@ -22,10 +22,10 @@ import pytest
 import redis
 from helpers.waits import wait_until
 
-from common import beacons, rates
-from common.keys import ManifestFields, RunKeys
-from common.records import TaskPayload
-from common.run_state import Outcome, RunState
+from genfleet.common import beacons, rates
+from genfleet.common.keys import ManifestFields, RunKeys
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import Outcome, RunState
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (apt-get install tmux): no terminal to render in")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from common.queues import PARTITIONS
+from genfleet.common.queues import PARTITIONS
 from helpers.paths import DEPLOY, REPO, TOKENIZER
 
 COMPOSE = DEPLOY / "compose" / "compose.yaml"

@@ -10,14 +10,14 @@ from pathlib import Path
 import redis
 from typer.testing import CliRunner
 
-from common.keys import ManifestFields
-from common.records import CompletionRecord, Timing, Usage
-from common.run_manifest import RunManifest
-from common.run_state import Outcome, RunState
 from genfleet.cli import app
+from genfleet.common.keys import ManifestFields
+from genfleet.common.records import CompletionRecord, Timing, Usage
+from genfleet.common.run_manifest import RunManifest
+from genfleet.common.run_state import Outcome, RunState
+from genfleet.producer.manifest import config_hash, tokenizer_fingerprint
 from helpers.fleet import shard_records
 from helpers.paths import TOKENIZER
-from producer.manifest import config_hash, tokenizer_fingerprint
 
 EXIT_INCOMPLETE, EXIT_ABORTED = 1, 3
 

@@ -10,8 +10,8 @@ from celery import Celery
 from kombu import Connection
 from kombu.message import Message
 
-from common import kombu_wire
-from common.queues import QUEUES, SERIALIZATION, SHORT
+from genfleet.common import kombu_wire
+from genfleet.common.queues import QUEUES, SERIALIZATION, SHORT
 
 
 def encoder() -> kombu_wire.TaskMessageEncoder:

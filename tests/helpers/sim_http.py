@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 
+from genfleet.sim.completion import CompletionPlan
 from helpers.sim_plans import QUESTION
 from helpers.sim_process import SimProcess
-from sim.completion import CompletionPlan
 
 # Short completions at 2,000 tok/s.
 FAST = ("--length-scale", "0.05", "--rate", "2000")

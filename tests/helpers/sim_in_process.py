@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from sim.cli import parse_sim_args
-from sim.server import SimServer
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.server import SimServer
 
 
 @contextlib.asynccontextmanager

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.completion import CompletionPlan, LengthModel, plan_completion
-from sim.vocab import SimVocab
+from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
+from genfleet.sim.vocab import SimVocab
 
 LENGTHS = LengthModel(scale=0.05)
 QUESTION = [{"role": "user", "content": "What is two plus two?"}]

@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 class SimProcess:
-    """`python -m sim --port P *flags`, healthy on entry, stopped (then killed) on exit.
+    """`python -m genfleet.sim --port P *flags`, healthy on entry, stopped (then killed) on exit.
 
     >>> with SimProcess("--rate", "1000", "--length-scale", "0.05") as sim:
     ...     httpx.post(f"{sim.url}/generate", json={"text": "hi"})
@@ -112,7 +112,7 @@ class SimProcess:
             return ""
 
     def _spawn(self) -> None:
-        command = [sys.executable, "-m", "sim", "--port", str(self.port), *self.flags]
+        command = [sys.executable, "-m", "genfleet.sim", "--port", str(self.port), *self.flags]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 

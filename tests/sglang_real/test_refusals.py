@@ -25,7 +25,7 @@ from helpers.data import write_jsonl
 from server import RealServer
 from tier import Expectations, enqueue, start_pools
 
-from common.run_state import RunState
+from genfleet.common.run_state import RunState
 
 SMALL_CONTEXT = 2048
 TIER_CONTEXT = 32768  # the tier tokenizer's model_max_length (model_dir.py)

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from tier import enqueue, write_plan_prompts
 
-from workers.sglang.generate_stream import StreamMode
-from workers.sglang.server_info import ModelIdentity, ServerInfo
+from genfleet.workers.sglang.generate_stream import StreamMode
+from genfleet.workers.sglang.server_info import ModelIdentity, ServerInfo
 
 SGLANG_DEFAULT_STREAM_INTERVAL = 1
 

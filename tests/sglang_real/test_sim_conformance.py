@@ -22,11 +22,11 @@ import pytest
 from helpers.sim_process import SimProcess
 from server import RealServer
 
-from producer.templating import PromptTemplater
-from sim.cli import parse_sim_args
-from sim.vocab import SimVocab
-from workers.sglang.generate_stream import StreamMode
-from workers.sglang.server_info import ServerInfo, identity_from_model_info, revision_from_server_info
+from genfleet.producer.templating import PromptTemplater
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.vocab import SimVocab
+from genfleet.workers.sglang.generate_stream import StreamMode
+from genfleet.workers.sglang.server_info import ServerInfo, identity_from_model_info, revision_from_server_info
 
 MODES = ("cumulative", "incremental")
 SSE = "text/event-stream; charset=utf-8"

@@ -14,7 +14,7 @@ from plan import ASCII_WORDS
 from server import RealServer
 from tier import Expectations, enqueue, write_plan_prompts
 
-from common.run_state import RunState
+from genfleet.common.run_state import RunState
 
 MAX_NEW_TOKENS = 10240  # the short partition's default (the long one's is higher): every plan here stops first
 SAMPLES = 4

@@ -16,12 +16,12 @@ from helpers.redis_server import RedisServer
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.message import Message
 
-from common.keys import KOMBU_UNACKED, LEASES, REAPER_LOCK, TRANSITS
-from common.queues import QUEUES, SHORT
-from workers import broker
-from workers.leases import LeaseKeeper, Reaper
+from genfleet.common.keys import KOMBU_UNACKED, LEASES, REAPER_LOCK, TRANSITS
+from genfleet.common.queues import QUEUES, SHORT
+from genfleet.workers import broker
+from genfleet.workers.leases import LeaseKeeper, Reaper
 
-GENFLEET = dict(transport="workers.broker:Transport", transport_options={"priority_steps": [0]})
+GENFLEET = dict(transport="genfleet.workers.broker:Transport", transport_options={"priority_steps": [0]})
 STOCK = dict(transport_options={"priority_steps": [0]})  # kombu 5.7.0's own Redis transport
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from helpers.paths import TOKENIZER
 
-from common.tokenizer import load_tokenizer, render_prompts
+from genfleet.common.tokenizer import load_tokenizer, render_prompts
 from genfleet.export.formats import specforge_line
 from genfleet.export.sinks import BucketShuffle
 from genfleet.export.tokenized import TokenizedFormat
-from sim.completion import LengthModel, plan_completion
-from sim.vocab import SimVocab
+from genfleet.sim.completion import LengthModel, plan_completion
+from genfleet.sim.vocab import SimVocab
 
 
 def _tokenized(messages: list[dict], max_new_tokens: int, kwargs: dict | None = None,

@@ -11,7 +11,7 @@ import pytest
 from helpers.data import read_jsonl
 from helpers.export_runs import run_export
 
-from common.records import CompletionRecord, Timing, Usage
+from genfleet.common.records import CompletionRecord, Timing, Usage
 from genfleet.export.dedupe import SeenRecords
 from genfleet.export.formats import openai_line, specforge_line
 from genfleet.export.samples import SampleGroups

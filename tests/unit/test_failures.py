@@ -12,11 +12,11 @@ import redis
 from celery.exceptions import Reject, Retry
 from kombu.exceptions import OperationalError
 
-from common.records import TaskPayload
-from common.run_state import RunState
-from common.settings import Settings
-from workers import failures
-from workers.errors import (
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import RunState
+from genfleet.common.settings import Settings
+from genfleet.workers import failures
+from genfleet.workers.errors import (
     DeadlineExceeded,
     IntegrityError,
     PermanentError,

@@ -1,5 +1,6 @@
 """The layering rule (docs/ARCHITECTURE.md), checked on every module's imports, those inside
-functions included: `common` imports nothing first-party; `producer`, `workers` and `sim` import
+functions included, by the layer a name imports (`genfleet.workers.x` is `workers`): `common`
+imports nothing first-party; `producer`, `workers` and `sim` import
 `common` and themselves only, never each other; `genfleet` (the operator tools) may import any
 product package. The tests, the benchmarks and the oracle are never imported by product code."""
 from __future__ import annotations
@@ -10,7 +11,9 @@ import pytest
 from helpers.paths import REPO
 from helpers.sources import Module, modules
 
-PRODUCT = ("common", "producer", "workers", "sim", "genfleet")
+# Each folder at the repository's top installs as genfleet.<folder> (pyproject.toml's package-dir).
+SUBPACKAGES = ("common", "producer", "workers", "sim")
+PRODUCT = (*SUBPACKAGES, "genfleet")
 FIRST_PARTY = (*PRODUCT, "bench", "oracle", "tests", "examples")
 ALLOWED = {
     "common": {"common"},
@@ -28,14 +31,23 @@ def imported(module: Module) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            names = [module.package] if node.level else [node.module or ""]
+            names = [f"genfleet.{module.package}"] if node.level else [node.module or ""]
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
               in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
             names = [str(node.args[0].value)]
         else:
             continue
-        found += [(node.lineno, name.split(".")[0]) for name in names if name.split(".")[0] in FIRST_PARTY]
+        found += [(node.lineno, target) for name in names if (target := package_of(name)) is not None]
     return found
+
+
+def package_of(name: str) -> str | None:
+    """The layer a dotted import names: `genfleet.workers.tasks` is `workers`, `genfleet.cli` is
+    `genfleet` (the operator tools), `helpers.x` is None (not first-party)."""
+    parts = name.split(".")
+    if parts[0] == "genfleet":
+        return parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "genfleet"
+    return parts[0] if parts[0] in FIRST_PARTY else None
 
 
 def test_every_first_party_package_is_where_the_rule_expects_it():

@@ -10,9 +10,9 @@ import pytest
 import redis
 from helpers.kombu_messages import held_message
 
-from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
-from common.queues import SHORT
-from workers.leases import LeaseKeeper, Reaper
+from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
+from genfleet.common.queues import SHORT
+from genfleet.workers.leases import LeaseKeeper, Reaper
 
 PAYLOAD = {"run": "r", "dataset": "d", "row": 1, "id": "d/1"}
 
@@ -109,7 +109,7 @@ def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_clie
     attempt's own tag is released, read from Celery's running request (`running_delivery_tag`)."""
     from celery.worker import state
 
-    from workers.runtime import running_delivery_tag
+    from genfleet.workers.runtime import running_delivery_tag
 
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda: {"t-attempt", "t-retry"})
     for tag in ("t-attempt", "t-retry"):
@@ -146,7 +146,7 @@ def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_i
     (`task_ready` pops `requests[id]`, which the retry shares) must not hide its waiting retry."""
     from celery.worker import state
 
-    from workers.runtime import celery_delivery_tags
+    from genfleet.workers.runtime import celery_delivery_tags
 
     attempt, retry = CeleryRequest("t-attempt"), CeleryRequest("t-retry")
     state.task_accepted(attempt)

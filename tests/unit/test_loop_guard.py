@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from workers.loop_guard import DEFAULT, Loop, LoopDetector, LoopThresholds
+from genfleet.workers.loop_guard import DEFAULT, Loop, LoopDetector, LoopThresholds
 
 CORPUS = Path(__file__).parent / "loop_corpus"
 # Small enough that hypothesis builds qualifying and near-miss runs often; their needles (1 and 3

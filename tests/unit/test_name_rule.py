@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from common.names import UnsafeName, inside, name_problem, task_problem
-from common.shards import shard_dir
+from genfleet.common.names import UnsafeName, inside, name_problem, task_problem
+from genfleet.common.shards import shard_dir
 
 GOOD = ["r1", "B1_glaive", "demo-20260101-120000", "run.v2", "-x", "_", "a" * 128, "r1-cfg0123abcd"]
 BAD = ["", ".", "..", ".hidden", "../../trav", "a/b", "a\\b", "/abs", "x:y", "with space", "ünï", "a" * 129,

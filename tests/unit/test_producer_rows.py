@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from producer.conversations import RowRejected, prompt_messages, to_messages
-from producer.ids import prompt_id
-from producer.partitioning import choose_partition
-from producer.run_config import DatasetSpec
+from genfleet.producer.conversations import RowRejected, prompt_messages, to_messages
+from genfleet.producer.ids import prompt_id
+from genfleet.producer.partitioning import choose_partition
+from genfleet.producer.run_config import DatasetSpec
 
 
 def test_sharegpt_and_openai_rows_become_chat_messages():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import rates
+from genfleet.common import rates
 from genfleet.status.read_model import read_status
 
 

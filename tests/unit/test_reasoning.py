@@ -1,7 +1,7 @@
 """Reasoning parsers: every shape the output can take, split exactly (no whitespace lost)."""
 import pytest
 
-from common.reasoning import PARSER_NAMES, UnknownParserError, split_reasoning
+from genfleet.common.reasoning import PARSER_NAMES, UnknownParserError, split_reasoning
 
 
 def test_forced_open_think_splits_on_the_bare_end_marker():
@@ -72,7 +72,7 @@ def test_gpt_oss_tool_calls_are_kept_verbatim_in_content():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from common.reasoning import ReasoningStream  # noqa: E402
+from genfleet.common.reasoning import ReasoningStream  # noqa: E402
 
 PIECES = ["plain", " words", "\n", "<think>", "</think>", "<", "</", "think>", "◁think▷", "◁/think▷",
           "<|tool_calls_section_begin|>", "<tool_call>", "<|channel|>analysis<|message|>", "<|end|>",

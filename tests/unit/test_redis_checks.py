@@ -8,8 +8,8 @@ import redis
 from helpers.redis_server import RedisServer
 from typer.testing import CliRunner
 
-from common.redis_checks import durability_problems
 from genfleet.cli import app as cli_app
+from genfleet.common.redis_checks import durability_problems
 from genfleet.status.alarms import alarms
 from genfleet.status.read_model import read_status
 
@@ -57,7 +57,7 @@ def test_status_alarms_on_a_redis_without_aof(redis_with):
 def test_a_worker_warns_at_start(redis_with, monkeypatch):
     client = redis_with("--appendonly", "no")
     started = []
-    monkeypatch.setattr("workers.lifecycle.run_worker", lambda settings, loglevel: started.append(settings))
+    monkeypatch.setattr("genfleet.workers.lifecycle.run_worker", lambda settings, loglevel: started.append(settings))
     url = "redis://{host}:{port}/0".format(**client.connection_pool.connection_kwargs)
     result = CliRunner().invoke(cli_app, ["worker", "--pool", "short", "--upstream", "http://gpu1:30000",
                                           "--redis-url", url])

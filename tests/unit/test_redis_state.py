@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from kombu import Connection
 from kombu.serialization import loads
 
-from common import bitmaps, kombu_wire
-from common.dead_letters import DeadLetter
-from common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
-from common.queues import PARTITIONS, SHORT
-from common.records import TaskPayload
-from common.run_state import OutgoingTask, RowRejection, RunState
-from workers.leases import Reaper
+from genfleet.common import bitmaps, kombu_wire
+from genfleet.common.dead_letters import DeadLetter
+from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+from genfleet.common.queues import PARTITIONS, SHORT
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import OutgoingTask, RowRejection, RunState
+from genfleet.workers.leases import Reaper
 
 
 @settings(max_examples=40, deadline=None)

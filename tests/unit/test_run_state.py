@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from common import rates
-from common.queues import PARTITIONS, SHORT
-from common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
+from genfleet.common import rates
+from genfleet.common.queues import PARTITIONS, SHORT
+from genfleet.common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
 
 FINISHED = Outcome(prompt_tokens=7, completion_tokens=40, reasoning_tokens=12, truncated=True,
                    empty_reasoning=False, empty_content=True)

@@ -8,9 +8,9 @@ import time
 import pytest
 from helpers.http_stub import http_stub
 
-from workers.errors import StreamCut
-from workers.loop_guard import LoopThresholds
-from workers.sglang.stream_watch import StreamWatch
+from genfleet.workers.errors import StreamCut
+from genfleet.workers.loop_guard import LoopThresholds
+from genfleet.workers.sglang.stream_watch import StreamWatch
 
 CHUNK = b'data: {"text":" a","output_ids":[5],"meta_info":{"finish_reason":null,"completion_tokens":1}}\n\n'
 

@@ -12,12 +12,12 @@ from helpers.sim_plans import prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.chunking import DecodeSteps, chunk_sizes
-from sim.cli import parse_sim_args
-from sim.completion import CompletionPlan, LengthModel, plan_completion
-from sim.reasoning_formats import REASONING_FORMAT_NAMES
-from sim.settings import SimSettings
-from sim.vocab import SimVocab
+from genfleet.sim.chunking import DecodeSteps, chunk_sizes
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
+from genfleet.sim.reasoning_formats import REASONING_FORMAT_NAMES
+from genfleet.sim.settings import SimSettings
+from genfleet.sim.vocab import SimVocab
 
 # -- an oracle: SGLang's streamer, step by step --------------------------------------------------
 

@@ -10,13 +10,13 @@ from helpers.sim_plans import FORMATS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.aborts import ABORTED, ABORTED_WHILE_WAITING, InFlight, RequestControl
-from sim.capacity import Capacity, CapacitySettings
-from sim.completion import LengthModel
-from sim.continuation import Cut, CutCompletions
-from sim.loops import LoopModel
-from sim.prompts import Opening
-from sim.settings import SimSettings
+from genfleet.sim.aborts import ABORTED, ABORTED_WHILE_WAITING, InFlight, RequestControl
+from genfleet.sim.capacity import Capacity, CapacitySettings
+from genfleet.sim.completion import LengthModel
+from genfleet.sim.continuation import Cut, CutCompletions
+from genfleet.sim.loops import LoopModel
+from genfleet.sim.prompts import Opening
+from genfleet.sim.settings import SimSettings
 
 PROMPTS = ([100, 200], [100, 200, 7], [100, 200, 7, 8], "hello<think>")
 

@@ -9,10 +9,10 @@ from helpers.sim_plans import FORMATS, LENGTHS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cli import parse_sim_args
-from sim.completion import CompletionPlan, LengthModel, plan_completion
-from sim.loops import NO_LOOPS, LoopModel
-from sim.vocab import SimVocab
+from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
+from genfleet.sim.loops import NO_LOOPS, LoopModel
+from genfleet.sim.vocab import SimVocab
 
 PROMPT_TAILS = ([], [7], [7, 8])  # the model opens <think>; the prompt did; thinking off
 

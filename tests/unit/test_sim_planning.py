@@ -10,12 +10,12 @@ import statistics
 import pytest
 from helpers.sim_plans import FORMATS, plan
 
-from common.tokenizer import load_tokenizer
-from sim.build_model import EXTRA_SPECIAL_TOKENS, add_extra_special_tokens
-from sim.capacity import Capacity, CapacitySettings
-from sim.chunking import DecodeSteps
-from sim.completion import LengthModel, Opening
-from sim.vocab import DEFAULT_TOKENIZER_DIR
+from genfleet.common.tokenizer import load_tokenizer
+from genfleet.sim.build_model import EXTRA_SPECIAL_TOKENS, add_extra_special_tokens
+from genfleet.sim.capacity import Capacity, CapacitySettings
+from genfleet.sim.chunking import DecodeSteps
+from genfleet.sim.completion import LengthModel, Opening
+from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 
 
 def test_a_smaller_budget_cuts_the_same_completion(prompt, vocab):

@@ -7,8 +7,8 @@ import json
 
 from helpers.sim_in_process import generate, served
 
-from sim.server import SimServer
-from sim.settings import SimSettings
+from genfleet.sim.server import SimServer
+from genfleet.sim.settings import SimSettings
 
 # Page size 1, so that a hit is exact (len - 1); fast prefill and decode.
 EXACT = ("--page-size", "1", "--prefill-rate", "1000000", "--rate", "100000", "--length-tokens", "20:30",

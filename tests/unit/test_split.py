@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from workers.errors import IntegrityError
-from workers.sglang.client import Generation
-from workers.sglang.split import CompletionSplitter
+from genfleet.workers.errors import IntegrityError
+from genfleet.workers.sglang.client import Generation
+from genfleet.workers.sglang.split import CompletionSplitter
 
 REASONING, CONTENT = " the user asks hi.", "Hello there"
 TEXT = f"{REASONING}</think>{CONTENT}"  # kimi_k2: the template opened <think>, the output closes it

@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 import redis
 
-from common.records import CompletionRecord, TaskPayload, Timing, Usage
-from common.run_state import Outcome, RunState
+from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Usage
+from genfleet.common.run_state import Outcome, RunState
 from genfleet.status.alarms import DEFAULT_ALARMS, LOOP_ALARM, AlarmSettings, alarms
 from genfleet.status.read_model import read_progress
 from genfleet.status.render import dataset_json, dataset_table, status_json
 from genfleet.status.snapshot import DatasetProgress, DatasetStatus, LengthStats, RunProgress, RunStatus, Throughput
-from workers import telemetry
-from workers.metrics import METRICS
+from genfleet.workers import telemetry
+from genfleet.workers.metrics import METRICS
 
 IDLE = {window: Throughput(0.0, 0.0, 0.0, 0.0, 0.0, None) for window in ("1m", "10m")}
 

@@ -1,8 +1,8 @@
 """The /generate stream assembler, chunk by chunk, for every mode SGLang streams in."""
 import pytest
 
-from workers.errors import PermanentError, TransientError, UpstreamAborted
-from workers.sglang.generate_stream import StreamAssembler
+from genfleet.workers.errors import PermanentError, TransientError, UpstreamAborted
+from genfleet.workers.sglang.generate_stream import StreamAssembler
 
 WORDS = [" a", " b", " c", " d", " e"]
 IDS = [10, 11, 12, 13, 14]

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from helpers.keep_alive_server import keep_alive_server
 
-from workers.errors import TransientError
-from workers.sglang.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
+from genfleet.workers.errors import TransientError
+from genfleet.workers.sglang.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common.reasoning import REASONING_FORMATS, split_reasoning
-from workers.errors import IntegrityError
-from workers.sglang.chat_stream import ChatStreamAssembler
-from workers.sglang.generate_stream import StreamAssembler, StreamMode
+from genfleet.common.reasoning import REASONING_FORMATS, split_reasoning
+from genfleet.workers.errors import IntegrityError
+from genfleet.workers.sglang.chat_stream import ChatStreamAssembler
+from genfleet.workers.sglang.generate_stream import StreamAssembler, StreamMode
 
 CUMULATIVE, INCREMENTAL, V0_5_2 = "cumulative", "incremental", "0.5.2"
 MODES = (CUMULATIVE, INCREMENTAL, V0_5_2)

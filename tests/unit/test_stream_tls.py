@@ -10,8 +10,8 @@ import pytest
 from helpers.certificates import make_certificates
 from helpers.keep_alive_server import keep_alive_server
 
-from workers.errors import TransientError
-from workers.sglang.client import SglangClient
+from genfleet.workers.errors import TransientError
+from genfleet.workers.sglang.client import SglangClient
 
 
 @pytest.fixture

@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.records import CompletionRecord, TaskPayload, Timing, Usage
-from common.run_state import Outcome
-from common.tokenizer import render_prompts
-from workers.errors import IntegrityError, PermanentError, TransientError
-from workers.generation import prompt_ids
-from workers.sglang.requests import chat_body, generate_body
-from workers.tasks import outcome_of, summary
-from workers.telemetry import outcome_class
-from workers.turns import history_before, reply_positions
+from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Usage
+from genfleet.common.run_state import Outcome
+from genfleet.common.tokenizer import render_prompts
+from genfleet.workers.errors import IntegrityError, PermanentError, TransientError
+from genfleet.workers.generation import prompt_ids
+from genfleet.workers.sglang.requests import chat_body, generate_body
+from genfleet.workers.tasks import outcome_of, summary
+from genfleet.workers.telemetry import outcome_class
+from genfleet.workers.turns import history_before, reply_positions
 
 QUESTION = [{"role": "user", "content": "hi"}]
 

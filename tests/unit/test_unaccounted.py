@@ -8,11 +8,11 @@ import json
 import pytest
 from helpers.kombu_messages import encoder
 
-from common.keys import KOMBU_UNACKED, TRANSITS, UNACCOUNTED_CHECK, transit_list
-from common.queues import PARTITIONS, SHORT
-from common.records import TaskPayload
-from common.run_state import Outcome, OutgoingTask, RunState
-from workers import unaccounted
+from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, UNACCOUNTED_CHECK, transit_list
+from genfleet.common.queues import PARTITIONS, SHORT
+from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import Outcome, OutgoingTask, RunState
+from genfleet.workers import unaccounted
 
 DONE = Outcome(prompt_tokens=1, completion_tokens=1, reasoning_tokens=0, truncated=False, empty_reasoning=False,
                empty_content=False)

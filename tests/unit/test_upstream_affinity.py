@@ -11,7 +11,7 @@ from collections import Counter
 from helpers.waits import wait_until
 from test_upstreams import Slots
 
-from workers.upstreams import LOAD_FACTOR, SPILL_GRACE_S, UpstreamPool
+from genfleet.workers.upstreams import LOAD_FACTOR, SPILL_GRACE_S, UpstreamPool
 
 HOSTS = [f"http://h{i}" for i in range(4)]
 
@@ -123,7 +123,7 @@ def test_a_prompt_warm_on_its_host_goes_there_past_the_load_bound():
 
 
 def test_a_full_host_keeps_a_warm_prompt_waiting_longer_before_it_spills(monkeypatch):
-    monkeypatch.setattr("workers.upstreams.WARM_SPILL_GRACE_S", 0.4)
+    monkeypatch.setattr("genfleet.workers.upstreams.WARM_SPILL_GRACE_S", 0.4)
     pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
     slots = Slots(pool)
     keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
@@ -145,8 +145,8 @@ def test_a_full_host_keeps_a_warm_prompt_waiting_longer_before_it_spills(monkeyp
 def test_past_the_warm_waiters_allowed_a_warm_prompt_spills_after_the_short_grace(monkeypatch):
     """Each waiter holds a task thread: more of them than the spare threads would leave the other
     hosts' freed slots with no thread to fill them."""
-    monkeypatch.setattr("workers.upstreams.WARM_SPILL_GRACE_S", 5.0)
-    monkeypatch.setattr("workers.upstreams.WARM_WAITERS_MAX", 1)
+    monkeypatch.setattr("genfleet.workers.upstreams.WARM_SPILL_GRACE_S", 5.0)
+    monkeypatch.setattr("genfleet.workers.upstreams.WARM_WAITERS_MAX", 1)
     pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
     slots = Slots(pool)
     key = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}[HOSTS[0]]

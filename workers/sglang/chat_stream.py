@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.errors import IntegrityError, UpstreamAborted
-from workers.sglang.wire_errors import error_from_chunk
+from genfleet.workers.errors import IntegrityError, UpstreamAborted
+from genfleet.workers.sglang.wire_errors import error_from_chunk
 
 # OpenAI finish reasons, mapped to SGLang's native finish types used in records.
 FINISH_TYPES = {"stop": "stop", "tool_calls": "stop", "function_call": "stop", "length": "length",

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from workers.errors import DeadlineExceeded, ShutdownRequested, StreamCut, TransientError
-from workers.sglang.chat_stream import ChatStreamAssembler
-from workers.sglang.generate_stream import StreamAssembler
-from workers.sglang.server_info import ModelIdentity, ServerInfo
-from workers.sglang.sse import data_payloads
-from workers.sglang.stream_http import StreamConnections
-from workers.sglang.wire_errors import http_error, transport_errors
+from genfleet.workers.errors import DeadlineExceeded, ShutdownRequested, StreamCut, TransientError
+from genfleet.workers.sglang.chat_stream import ChatStreamAssembler
+from genfleet.workers.sglang.generate_stream import StreamAssembler
+from genfleet.workers.sglang.server_info import ModelIdentity, ServerInfo
+from genfleet.workers.sglang.sse import data_payloads
+from genfleet.workers.sglang.stream_http import StreamConnections
+from genfleet.workers.sglang.wire_errors import http_error, transport_errors
 
 if TYPE_CHECKING:
-    from workers.sglang.stream_watch import StreamWatch
+    from genfleet.workers.sglang.stream_watch import StreamWatch
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.errors import IntegrityError
-from workers.sglang.wire_errors import abort_error, error_from_chunk
+from genfleet.workers.errors import IntegrityError
+from genfleet.workers.sglang.wire_errors import abort_error, error_from_chunk
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.records import TaskPayload
+from genfleet.common.records import TaskPayload
 
 
 def generate_body(payload: TaskPayload, input_ids: list[int] | None, *, skip_special_tokens: bool,

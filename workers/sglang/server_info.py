@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from workers.sglang.generate_stream import UNKNOWN, StreamMode
+from genfleet.workers.sglang.generate_stream import UNKNOWN, StreamMode
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.loop_guard import Loop, LoopDetector, LoopThresholds
+from genfleet.workers.loop_guard import Loop, LoopDetector, LoopThresholds
 
 LOOP_POLICIES = ("abort", "flag", "off")
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from workers.errors import PermanentError, ShutdownRequested, StreamStalled, TransientError, UpstreamAborted
-from workers.sglang.stream_http import SendFailed
+from genfleet.workers.errors import PermanentError, ShutdownRequested, StreamStalled, TransientError, UpstreamAborted
+from genfleet.workers.sglang.stream_http import SendFailed
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}
