@@ -49,7 +49,7 @@ class RunKeys:
 
     @property
     def dead_letters(self) -> str:
-        """Hash: prompt id -> msgpack dead letter (`common/dead_letters.py`: payload, error class, message,
+        """Hash: prompt id -> msgpack dead letter (`common/run_state.py`: payload, error class, message,
         attempts, ...)."""
         return f"{self.base}:dead"
 
@@ -63,7 +63,7 @@ class RunKeys:
 
     def lengths(self, dataset: str) -> str:
         """Hash: log-spaced bucket index -> finished prompts whose completion fell in it (see
-        `common/length_histogram.py`); at most ~170 fields per dataset, kept for the run's life."""
+        `common/fleet_stats.py`); at most ~170 fields per dataset, kept for the run's life."""
         return f"{self.base}:lengths:{dataset}"
 
     @property
@@ -118,7 +118,7 @@ def worker_beacon(name: str) -> str:
 
 
 class ManifestFields:
-    """Field names inside a run's manifest hash (written by `common/run_manifest.py`, read by all)."""
+    """Field names inside a run's manifest hash (written by `common/run_state.py`, read by all)."""
     CREATED_AT = "created_at"
     CONFIG = "config"  # JSON: the run-wide config the producer hashed
     CONFIG_HASH = "config_hash"

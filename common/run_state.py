@@ -1,4 +1,30 @@
-"""A run's shared state in Redis: per-dataset counters, enqueued/done bitmaps, rejections, dead letters.
+"""The one codec for a run's bitmaps over row indices (`enqueued`, `done`, and export's seen rows).
+
+Redis numbers a string's bits from the most significant bit of its first byte: "thinking of the
+string as an array of bits from left to right, where the first byte's most significant bit is at
+position 0, the second byte's most significant bit is at position 8, and so forth. The same bit
+position convention is followed by GETBIT and SETBIT" (https://redis.io/commands/bitpos, and
+https://redis.io/commands/setbit). So row `r` is bit `0x80 >> (r % 8)` of byte `r // 8`; a missing
+key reads as an empty string, i.e. no row set. Every place that decodes such a bitmap read with GET
+or GETRANGE goes through here, so the bit order is written down once.
+
+The dead letter: a prompt that failed for good, with why. One type, one stored format.
+
+Stored as one field of the run's `dead` hash (`RunKeys.dead_letters`): the prompt id -> this
+document packed with msgpack. `RunState.record_dead_letter` writes it (the worker's failure
+policy decides when), the operator tooling (`genfleet failures`, `requeue`, export's error files
+and reconciliation, `enqueue --recover-lost`) reads it back through `DeadLetter.decode`.
+
+A run's manifest hash and datasets set: the only module that writes them.
+
+The manifest is a contract between processes: the producer records what config a run was enqueued
+with (`producer/manifest.py` decides what is hashed and refuses a changed config), workers read a
+dataset's token budget, `status` the run's start, export the tokenizer and the config hash. So its
+writer lives here beside the field names (`common/keys.py`'s `ManifestFields`), not in the producer.
+
+Every field but `successor` is written once (HSETNX): a re-run never rewrites history.
+
+A run's shared state in Redis: per-dataset counters, enqueued/done bitmaps, rejections, dead letters.
 
 `RunState` is the only writer of those keys (see docs/ARCHITECTURE.md, "Who writes which Redis
 key"): the producer publishes through `publish` (the Lua script `common/publish.lua`, which also
@@ -12,21 +38,159 @@ so ten million prompts cost a few megabytes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
+import msgpack
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from genfleet.common import bitmaps, rates
-from genfleet.common.dead_letters import DeadLetter
-from genfleet.common.keys import RunKeys, queue_list
+from genfleet.common import fleet_stats
+from genfleet.common.keys import ManifestFields, RunKeys, queue_list
 from genfleet.common.records import TaskPayload
-from genfleet.common.run_manifest import RunManifest
 from genfleet.common.settings import verify_tls_by_default
+
+# Byte value -> the bit positions (0 = most significant) set in it: decoding then costs one table
+# lookup per non-zero byte instead of eight tests.
+_SET_POSITIONS: tuple[tuple[int, ...], ...] = tuple(
+    tuple(bit for bit in range(8) if value & (0x80 >> bit)) for value in range(256))
+
+
+def locate(row: int) -> tuple[int, int]:
+    """(byte index, mask within that byte) of `row`'s bit."""
+    return row >> 3, 0x80 >> (row & 7)
+
+
+def is_set(bitmap: bytes, row: int, *, first_byte: int = 0) -> bool:
+    """Whether `row` is set in `bitmap`, which holds the bytes from `first_byte` on (a GETRANGE)."""
+    index, mask = locate(row)
+    offset = index - first_byte
+    return 0 <= offset < len(bitmap) and bool(bitmap[offset] & mask)
+
+
+def set_rows(bitmap: bytes, *, first_byte: int = 0) -> Iterator[int]:
+    """The rows set in `bitmap` (bytes from `first_byte` on), in increasing order."""
+    for index, value in enumerate(bitmap, start=first_byte):
+        if value:
+            base = index * 8
+            for bit in _SET_POSITIONS[value]:
+                yield base + bit
+
+
+def to_int(bitmap: bytes, width: int) -> int:
+    """`bitmap` padded to `width` bytes as one integer, row 0 its most significant bit: whole-bitmap
+    AND / AND NOT / popcount (`int.bit_count`) in C instead of a loop over rows."""
+    return int.from_bytes(bitmap.ljust(width, b"\0"), "big")
+
+
+def from_int(bits: int, width: int) -> bytes:
+    """The inverse of `to_int`: the `width`-byte bitmap whose bits are those of `bits`."""
+    return bits.to_bytes(width, "big")
+
+
+def from_rows(rows: Iterable[int]) -> bytes:
+    """The bitmap with exactly `rows` set (what SETBIT on each would leave), as short as it can be."""
+    rows = list(rows)
+    if not rows:
+        return b""
+    width = (max(rows) >> 3) + 1
+    bits = 0
+    for row in rows:
+        bits |= 1 << (width * 8 - 1 - row)
+    return from_int(bits, width)
+
+
+# The classes of a failed attempt. `transient` is retried; the other three are dead-letter classes:
+# `permanent` (the request itself is wrong), `exhausted` (transient beyond the attempts),
+# `integrity` (the stream contradicted itself on every attempt).
+TRANSIENT = "transient"
+PERMANENT = "permanent"
+EXHAUSTED = "exhausted"
+INTEGRITY = "integrity"
+DEAD_LETTER_CLASSES = (PERMANENT, EXHAUSTED, INTEGRITY)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: str  # the prompt id, the field of the `dead` hash
+    payload: TaskPayload  # as the last attempt received it
+    error_class: str  # permanent, exhausted, integrity
+    message: str
+    attempts: int
+    upstream: str | None  # the SGLang host of the last attempt, if one was reached
+    time: float  # unix time it was dead-lettered
+
+    @classmethod
+    def of(cls, payload: TaskPayload, error_class: str, message: str, upstream: str | None,
+           now: float | None = None) -> DeadLetter:
+        """The letter for `payload`'s last attempt, dead-lettered now."""
+        return cls(id=payload.id, payload=payload, error_class=error_class, message=message,
+                   attempts=payload.attempt, upstream=upstream, time=time.time() if now is None else now)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored document (the id is the hash field, not part of it)."""
+        return {"payload": self.payload.to_dict(), "error_class": self.error_class, "message": self.message,
+                "attempts": self.attempts, "upstream": self.upstream, "time": self.time}
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+    @classmethod
+    def decode(cls, prompt_id: bytes | str, data: bytes) -> DeadLetter:
+        document = msgpack.unpackb(data, raw=False)
+        return cls(id=prompt_id.decode() if isinstance(prompt_id, bytes) else prompt_id,
+                   payload=TaskPayload.from_dict(document["payload"]), error_class=document["error_class"],
+                   message=document["message"], attempts=document["attempts"],
+                   upstream=document.get("upstream"), time=document["time"])
+
+
+class RunManifest:
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.redis, self.run = client, run
+        self.keys = RunKeys(run)
+
+    # --- writers ---------------------------------------------------------------------------
+    def record(self, fields: Mapping[str, str | int | float], datasets: Iterable[str]) -> None:
+        """Writes each field the first time it is seen (with the run's `created_at`), and adds the
+        datasets, in one transaction; never overwrites."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hsetnx(self.keys.manifest, ManifestFields.CREATED_AT, time.time())
+        for name, value in fields.items():
+            pipe.hsetnx(self.keys.manifest, name, value)
+        names = list(datasets)
+        if names:
+            pipe.sadd(self.keys.datasets, *names)
+        pipe.execute()
+
+    def register_dataset(self, dataset: str, source: str) -> None:
+        """A dataset and where it was read from, without a config (tools that seed a run by hand)."""
+        self.record({ManifestFields.source(dataset): source}, [dataset])
+
+    def mark_superseded(self, successor: str) -> None:
+        """`enqueue --new-run`: the run that replaced this one (the one field that may change)."""
+        self.redis.hset(self.keys.manifest, ManifestFields.SUCCESSOR, successor)
+
+    # --- readers ---------------------------------------------------------------------------
+    def fields(self) -> dict[str, str]:
+        return {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.manifest).items()}
+
+    def budget(self, dataset: str) -> int | None:
+        """The dataset's completion-token budget as the producer recorded it (None: no budget)."""
+        value = self.redis.hget(self.keys.manifest, ManifestFields.budget(dataset))
+        return int(value) if value is not None else None
+
+    def datasets(self) -> list[str]:
+        return sorted(_text(name) for name in self.redis.smembers(self.keys.datasets))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
 
 COUNTER_FIELDS = (
     "total", "done", "failed", "rejected", "skipped",
@@ -152,9 +316,9 @@ class RunState:
         enqueued_bits, done_bits = pipe.execute()
         enqueued, done = set(), set()
         for row in rows:
-            if bitmaps.is_set(done_bits, row, first_byte=first):
+            if is_set(done_bits, row, first_byte=first):
                 done.add(row)
-            elif bitmaps.is_set(enqueued_bits, row, first_byte=first):
+            elif is_set(enqueued_bits, row, first_byte=first):
                 enqueued.add(row)
         return enqueued, done
 
@@ -164,10 +328,10 @@ class RunState:
         return [row for row in rows if row not in enqueued and row not in done]
 
     def enqueued_row_set(self, dataset: str) -> set[int]:
-        return set(bitmaps.set_rows(self.redis.get(self.keys.enqueued(dataset)) or b""))
+        return set(set_rows(self.redis.get(self.keys.enqueued(dataset)) or b""))
 
     def done_row_set(self, dataset: str) -> set[int]:
-        return set(bitmaps.set_rows(self.redis.get(self.keys.done(dataset)) or b""))
+        return set(set_rows(self.redis.get(self.keys.done(dataset)) or b""))
 
     def record_rejection(self, dataset: str, row: int, file: str, line: int, reason: str) -> bool:
         """Returns True the first time this row is rejected (re-runs do not count it again)."""
@@ -185,9 +349,10 @@ class RunState:
     def is_done(self, dataset: str, row: int) -> bool:
         return bool(self.redis.getbit(self.keys.done(dataset), row))
 
-    def mark_done(self, dataset: str, row: int, outcome: Outcome, updates: Sequence[rates.KeyUpdate] = ()) -> bool:
+    def mark_done(self, dataset: str, row: int, outcome: Outcome,
+                  updates: Sequence[fleet_stats.KeyUpdate] = ()) -> bool:
         """Returns True if this was the first completion of the row. `updates` (its rates:
-        `rates.completion_updates`) go with the counters: once per row, in the same round trip."""
+        `fleet_stats.completion_updates`) go with the counters: once per row, in the same round trip."""
         counters = outcome.increments()
         keys = [self.keys.done(dataset), self.keys.counters(dataset)]
         args: list[int | str | float] = [row, len(counters), *(part for pair in counters.items() for part in pair)]
@@ -237,12 +402,12 @@ class RunState:
         previous = {_text(f)[len(_SUSPECTS):]: v for f, v in self.redis.hgetall(self.keys.unaccounted).items()
                     if _text(f).startswith(_SUSPECTS)}
         confirmed = {ds: both for ds, rows in found.items()
-                     if (both := rows & set(bitmaps.set_rows(previous.get(ds, b""))))}
+                     if (both := rows & set(set_rows(previous.get(ds, b""))))}
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.unaccounted)
         for dataset, rows in found.items():
             if rows:
-                pipe.hset(self.keys.unaccounted, f"{_SUSPECTS}{dataset}", bitmaps.from_rows(rows))
+                pipe.hset(self.keys.unaccounted, f"{_SUSPECTS}{dataset}", from_rows(rows))
         for dataset, rows in confirmed.items():
             pipe.hset(self.keys.unaccounted, dataset, len(rows))
         pipe.execute()

@@ -1,7 +1,7 @@
 """`genfleet failures` and `genfleet requeue`: dead letters (prompts that failed for good, with why)
 grouped for the operator, and requeued onto their queue once the cause is fixed. A letter leaves the
 store only after it is re-published. Operator tooling: it never runs in a worker (the worker's
-retry-or-dead-letter policy is `workers/failures.py`); the letter type is `common/dead_letters.py`.
+retry-or-dead-letter policy is `workers/failures.py`); the letter type is `common/run_state.py`.
 """
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from typing import Annotated, Optional
 import typer
 from celery import Celery
 
-from genfleet.common.dead_letters import DeadLetter
 from genfleet.common.queues import GENERATE_TASK
-from genfleet.common.run_state import RunState, connect
+from genfleet.common.run_state import DeadLetter, RunState, connect
 from genfleet.common.settings import Settings
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from genfleet.common.keys import ManifestFields
-from genfleet.common.run_manifest import RunManifest
+from genfleet.common.run_state import RunManifest
 from genfleet.producer.run_config import RunConfig
 
 # Files that define how text becomes tokens: never the weights.
@@ -64,7 +64,7 @@ class RunIdentity:
 
 class Manifest:
     """The producer's view of a run's manifest: what to record and how a re-run differs. The hash
-    itself is written by `common/run_manifest.py`."""
+    itself is written by `common/run_state.py`."""
 
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.run = run

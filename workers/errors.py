@@ -1,7 +1,7 @@
 """Typed failures of a generation. Each says whether retrying can help; the task reads only that."""
 from __future__ import annotations
 
-from genfleet.common.dead_letters import EXHAUSTED, INTEGRITY, PERMANENT, TRANSIENT
+from genfleet.common.run_state import EXHAUSTED, INTEGRITY, PERMANENT, TRANSIENT
 
 
 class GenerationError(Exception):

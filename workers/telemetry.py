@@ -16,10 +16,10 @@ from typing import Any
 
 import redis
 
-from genfleet.common import beacons, rates
-from genfleet.common.dead_letters import PERMANENT, TRANSIENT
+from genfleet.common import fleet_stats
 from genfleet.common.queues import GENERATE_TASK
 from genfleet.common.records import CompletionRecord, TaskPayload
+from genfleet.common.run_state import PERMANENT, TRANSIENT
 from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.metrics import DEFAULT_PORTS, METRICS, FleetCollector, serve
 from genfleet.workers.runtime import WorkerRuntime
@@ -48,10 +48,10 @@ def completed(runtime: WorkerRuntime, payload: TaskPayload, record: CompletionRe
     METRICS.completion_length.labels(*where).observe(record.usage.completion_tokens)
 
 
-def completion_updates(payload: TaskPayload, record: CompletionRecord) -> list[rates.KeyUpdate]:
+def completion_updates(payload: TaskPayload, record: CompletionRecord) -> list[fleet_stats.KeyUpdate]:
     """The finished prompt's rates and length for `status`, applied with its done bit (one round
     trip, once per row: `RunState.mark_done`)."""
-    return rates.completion_updates(payload.run, payload.dataset, payload.partition,
+    return fleet_stats.completion_updates(payload.run, payload.dataset, payload.partition,
                                     record.usage.completion_tokens, record.timing.duration_s)
 
 
@@ -62,7 +62,8 @@ def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError)
     if isinstance(error, IntegrityError):
         METRICS.integrity_failures.labels(payload.run, payload.dataset, error.upstream or "unknown").inc()
     try:
-        rates.record_failure(runtime.run_state(payload.run).redis, payload.run, payload.dataset, payload.partition)
+        fleet_stats.record_failure(runtime.run_state(payload.run).redis, payload.run, payload.dataset,
+                                   payload.partition)
     except redis.RedisError as redis_error:
         log.warning("failure of %s not recorded: %s", payload.id, redis_error)
 
@@ -122,16 +123,16 @@ class Beacon:
     def stop(self) -> None:
         self._stop.set()
         try:
-            beacons.withdraw(self.redis, self.runtime.name)
+            fleet_stats.withdraw(self.redis, self.runtime.name)
         except redis.RedisError:
             pass  # it expires anyway
 
     def publish_once(self) -> None:
         pool = self.runtime.upstreams
         in_flight, healthy = pool.in_flight(), set(pool.healthy())
-        beacons.publish(self.redis, beacons.WorkerBeacon(
+        fleet_stats.publish(self.redis, fleet_stats.WorkerBeacon(
             name=self.runtime.name, pool=self.pool, slots=self.slots, time=time.time(),
-            upstreams=[beacons.UpstreamHealth(url, url in healthy, count) for url, count in in_flight.items()],
+            upstreams=[fleet_stats.UpstreamHealth(url, url in healthy, count) for url, count in in_flight.items()],
             in_flight=IN_FLIGHT.by_run(), disk_problem=self.runtime.disk.problem(),
         ))
 
@@ -141,7 +142,7 @@ class Beacon:
                 self.publish_once()
             except redis.RedisError as error:
                 log.warning("beacon not published: %s", error)
-            if self._stop.wait(beacons.BEACON_INTERVAL_S):
+            if self._stop.wait(fleet_stats.BEACON_INTERVAL_S):
                 return
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from genfleet.common import bitmaps
+from genfleet.common import run_state
 
 
 class RowBitmap:
@@ -22,7 +22,7 @@ class RowBitmap:
 
     def test_and_set(self, row: int) -> bool:
         """Sets the row's bit; returns whether it was set before."""
-        index, mask = bitmaps.locate(row)
+        index, mask = run_state.locate(row)
         if index >= len(self._bits):
             self._bits.extend(bytes(max(index + 1, 2 * len(self._bits)) - len(self._bits)))
         was_set = bool(self._bits[index] & mask)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from genfleet.common.dead_letters import PERMANENT
 from genfleet.common.keys import ManifestFields
 from genfleet.common.reasoning import ReasoningFormat, get_format
+from genfleet.common.run_state import PERMANENT
 from genfleet.export.conversation import Record, conversation_of, generated_turns
 from genfleet.export.tokenized import TokenizedFormat
 

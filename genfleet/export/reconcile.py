@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from genfleet.common import bitmaps
-from genfleet.common.dead_letters import DeadLetter
+from genfleet.common import run_state
 from genfleet.common.keys import ManifestFields
-from genfleet.common.run_state import RunState
+from genfleet.common.run_state import DeadLetter, RunState
 from genfleet.export.dedupe import SeenRecords
 
 EXAMPLES = 20  # missing rows shown per dataset in the manifest and on the console
@@ -160,7 +159,7 @@ class Reconciler:
         done = self._bitmap(self.state.keys.done(dataset))
         enqueued = self._bitmap(self.state.keys.enqueued(dataset))
         width = max(len(done), len(enqueued), len(seen_bits))
-        done_bits, seen, queued = (bitmaps.to_int(bits, width) for bits in (done, seen_bits, enqueued))
+        done_bits, seen, queued = (run_state.to_int(bits, width) for bits in (done, seen_bits, enqueued))
         finding.done_bits = done_bits.bit_count()
         finding.records_not_done = (seen & ~done_bits).bit_count()
 
@@ -173,12 +172,12 @@ class Reconciler:
         unrecorded = done_bits & ~seen
         finding.done_without_record = unrecorded.bit_count()
         if finding.done_without_record > counts.skipped:
-            for row in bitmaps.set_rows(bitmaps.from_int(unrecorded, width)):
+            for row in run_state.set_rows(run_state.from_int(unrecorded, width)):
                 report(row, DONE_WITHOUT_RECORD)
         elif finding.done_without_record:
             finding.notes.append(f"{dataset}: {finding.done_without_record} done rows without a record: the "
                                  f"prompts skipped for the token budget ({counts.skipped} counted)")
-        for row in bitmaps.set_rows(bitmaps.from_int(queued & ~done_bits, width)):
+        for row in run_state.set_rows(run_state.from_int(queued & ~done_bits, width)):
             if row not in dead:
                 finding.pending_rows += 1
                 report(row, PENDING)

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from genfleet.common.length_histogram import LengthHistogram
+from genfleet.common.fleet_stats import LengthHistogram
 
 # Two-sided 95% interval.
 Z = 1.96

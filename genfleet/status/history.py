@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
-from genfleet.common import rates
+from genfleet.common import fleet_stats
 
 MINUTES = 60
 
@@ -32,13 +32,13 @@ def read_minutes(client: redis.Redis, run: str, now: float, since: float | None 
     that began before `since` (the run's start) is averaged over its part after it, as `read_rates`
     does for `status`'s columns: a run 10 s old shows its rate, not a sixth of it."""
     windows = [60 * k for k in range(1, minutes + 1)]
-    per_key = rates.read_rates(client, run, since=None, now=now, windows=windows)
-    cumulative = {window: rates.WindowCounts(float(window)) for window in windows}
+    per_key = fleet_stats.read_rates(client, run, since=None, now=now, windows=windows)
+    cumulative = {window: fleet_stats.WindowCounts(float(window)) for window in windows}
     for per_window in per_key.values():
         for window, counts in per_window.items():
             cumulative[window] = cumulative[window].plus(counts)
     series = []
-    previous = rates.WindowCounts(0.0)
+    previous = fleet_stats.WindowCounts(0.0)
     for k, window in enumerate(windows):
         counts = cumulative[window]
         end = now - 60 * k

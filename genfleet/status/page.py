@@ -37,9 +37,9 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from genfleet.common import rates
-from genfleet.common.dead_letters import DeadLetter
+from genfleet.common import fleet_stats
 from genfleet.common.keys import RunKeys
+from genfleet.common.run_state import DeadLetter
 from genfleet.status.alarms import AlarmSettings, alarms
 from genfleet.status.history import read_minutes
 from genfleet.status.page_view import RECENT_FAILURES, Failures, PageData, page_fragment, page_json, page_shell
@@ -94,7 +94,7 @@ def read_page(client: redis.Redis, run: str, flower_url: str) -> PageData:
     status = read_status(client, run)
     since = status.created_at or status.first_finished
     return PageData(status=status, minutes=read_minutes(client, run, status.time, since),
-                    lengths=rates.read_lengths(client, run, [row.name for row in status.datasets]),
+                    lengths=fleet_stats.read_lengths(client, run, [row.name for row in status.datasets]),
                     failures=read_failures(client, run), flower_url=flower_url)
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from genfleet.common.length_histogram import LengthHistogram
+from genfleet.common.fleet_stats import LengthHistogram
 from genfleet.common.queues import GENERATE_TASK
 from genfleet.status.alarms import AlarmSettings
 from genfleet.status.eta import FLEET, Eta
@@ -24,7 +24,7 @@ from genfleet.status.snapshot import DatasetStatus, RunStatus
 from genfleet.status.svg import histogram_chart, line_chart, progress_bar
 
 if TYPE_CHECKING:  # only types here: the view loads without redis (`history` reads it)
-    from genfleet.common.dead_letters import DeadLetter
+    from genfleet.common.run_state import DeadLetter
     from genfleet.status.history import MinuteRate
 
 # Dead letters listed on the page; `genfleet failures` has them all.

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import redis
 
-from genfleet.common import beacons, rates
+from genfleet.common import fleet_stats
+from genfleet.common.fleet_stats import LengthHistogram
 from genfleet.common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
-from genfleet.common.length_histogram import LengthHistogram
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.run_state import RunState
@@ -51,11 +51,11 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
     names = [d.dataset for d in progress.datasets]
     created = client.hget(RunKeys(run).manifest, ManifestFields.CREATED_AT)
     created_at = float(created) if created else None
-    first, last = rates.read_activity(client, run)
-    window_counts = rates.read_rates(client, run, since=created_at if created_at else first, now=now)
-    histograms = rates.read_lengths(client, run, names)
-    partition_done = rates.read_partition_done(client, run)
-    live = beacons.read_beacons(client, now)
+    first, last = fleet_stats.read_activity(client, run)
+    window_counts = fleet_stats.read_rates(client, run, since=created_at if created_at else first, now=now)
+    histograms = fleet_stats.read_lengths(client, run, names)
+    partition_done = fleet_stats.read_partition_done(client, run)
+    live = fleet_stats.read_beacons(client, now)
 
     in_flight: dict[tuple[str, str], int] = defaultdict(int)
     for beacon in live:
@@ -77,11 +77,11 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
     )
 
 
-def _window_sum(window_counts: rates.Rates, keep: Callable[[str, str], bool]) -> dict[str, Throughput]:
+def _window_sum(window_counts: fleet_stats.Rates, keep: Callable[[str, str], bool]) -> dict[str, Throughput]:
     """Throughput per window over the (dataset, partition) pairs `keep` accepts."""
     out = {}
     for window, name in WINDOW_NAMES.items():
-        total: rates.WindowCounts | None = None
+        total: fleet_stats.WindowCounts | None = None
         for key, per_window in window_counts.items():
             counts = per_window.get(window)
             if counts is None or not keep(*key):
@@ -91,7 +91,7 @@ def _window_sum(window_counts: rates.Rates, keep: Callable[[str, str], bool]) ->
     return out
 
 
-def _dataset_rows(progress: RunProgress, window_counts: rates.Rates, histograms: dict[str, LengthHistogram],
+def _dataset_rows(progress: RunProgress, window_counts: fleet_stats.Rates, histograms: dict[str, LengthHistogram],
                   partition_done: dict[tuple[str, str], int],
                   in_flight: dict[tuple[str, str], int]) -> list[DatasetStatus]:
     rows = []
@@ -110,8 +110,8 @@ def _dataset_rows(progress: RunProgress, window_counts: rates.Rates, histograms:
     return rows
 
 
-def _partition_row(partition: str, progress: RunProgress, window_counts: rates.Rates,
-                   in_flight: dict[tuple[str, str], int], live: list[beacons.WorkerBeacon]) -> PartitionStatus:
+def _partition_row(partition: str, progress: RunProgress, window_counts: fleet_stats.Rates,
+                   in_flight: dict[tuple[str, str], int], live: list[fleet_stats.WorkerBeacon]) -> PartitionStatus:
     pool = [b for b in live if b.pool == partition]
     return PartitionStatus(
         partition=partition, queued=progress.queued.get(partition, 0),
@@ -122,7 +122,7 @@ def _partition_row(partition: str, progress: RunProgress, window_counts: rates.R
 
 
 def _with_etas(rows: list[DatasetStatus], histograms: dict[str, LengthHistogram],
-               partitions: list[PartitionStatus], window_counts: rates.Rates,
+               partitions: list[PartitionStatus], window_counts: fleet_stats.Rates,
                partition_done: dict[tuple[str, str], int],
                in_flight: dict[tuple[str, str], int]) -> list[DatasetStatus]:
     pools = {p.partition: PoolThroughput(p.rates["1m"].tok_per_s, p.rates["10m"].tok_per_s, p.in_flight,
@@ -151,7 +151,7 @@ def _with_etas(rows: list[DatasetStatus], histograms: dict[str, LengthHistogram]
                           etas.get(row.name)) for row in rows]
 
 
-def _totals(progress: RunProgress, rows: list[DatasetStatus], window_counts: rates.Rates,
+def _totals(progress: RunProgress, rows: list[DatasetStatus], window_counts: fleet_stats.Rates,
             histograms: dict[str, LengthHistogram]) -> DatasetStatus:
     totals = progress.totals()
     merged = LengthHistogram()
@@ -176,7 +176,7 @@ def _totals(progress: RunProgress, rows: list[DatasetStatus], window_counts: rat
     )
 
 
-def _upstreams(live: list[beacons.WorkerBeacon]) -> list[UpstreamStatus]:
+def _upstreams(live: list[fleet_stats.WorkerBeacon]) -> list[UpstreamStatus]:
     seen: dict[str, list[int]] = {}
     for beacon in live:
         for upstream in beacon.upstreams:

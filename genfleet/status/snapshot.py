@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from genfleet.common.length_histogram import LengthHistogram
+from genfleet.common.fleet_stats import LengthHistogram
 from genfleet.status.eta import Eta
 
 if TYPE_CHECKING:
-    from genfleet.common.rates import WindowCounts
+    from genfleet.common.fleet_stats import WindowCounts
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from genfleet.common.length_histogram import BUCKETS_PER_OCTAVE, bucket_bounds
+from genfleet.common.fleet_stats import BUCKETS_PER_OCTAVE, bucket_bounds
 
 LINE_WIDTH, LINE_HEIGHT = 560, 150
 HIST_WIDTH, HIST_HEIGHT = 360, 110
@@ -44,7 +44,7 @@ def line_chart(values: Sequence[float], *, title: str, x_labels: tuple[str, str,
 
 
 def histogram_chart(counts: Mapping[int, int], *, title: str) -> str:
-    """Bars over the log-spaced buckets of `common/length_histogram.py`, from the smallest bucket
+    """Bars over the log-spaced buckets of `common/fleet_stats.py`, from the smallest bucket
     holding a completion to the largest; ticks at powers of two tokens."""
     width, height = HIST_WIDTH, HIST_HEIGHT
     filled = [index for index, count in counts.items() if count > 0]

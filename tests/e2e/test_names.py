@@ -13,9 +13,8 @@ from helpers.producer_cli import enqueue, queued_payloads
 from helpers.sim_process import ONE_SECOND, SimProcess
 from helpers.waits import wait_until
 
-from genfleet.common.dead_letters import PERMANENT
 from genfleet.common.queues import SHORT
-from genfleet.common.run_state import RunState
+from genfleet.common.run_state import PERMANENT, RunState
 
 # (run, dataset, id) of each forged task; the first three are the issue's.
 FORGED = [

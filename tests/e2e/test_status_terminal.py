@@ -4,7 +4,7 @@ too short for it), shows new numbers as they land, keeps its place when keys are
 cleanly on Ctrl-C. Into a pipe: 120 columns, or every column with `--wide`.
 
 The run's Redis state is written through the code paths the producer and the workers use
-(`RunState`, `rates.record_completion`, `beacons.publish`): four datasets (one of a million
+(`RunState`, `fleet_stats.record_completion`, `fleet_stats.publish`): four datasets (one of a million
 prompts, one with a long name), dead letters, rates over the last minutes, two live workers.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 import redis
 from helpers.waits import wait_until
 
-from genfleet.common import beacons, rates
+from genfleet.common import fleet_stats
 from genfleet.common.keys import ManifestFields, RunKeys
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import Outcome, RunState
@@ -60,22 +60,23 @@ def fill_run(client: redis.Redis, run: str) -> None:
                                                   truncated=row % (6 if dataset == LONG_NAME else 40) == 0,
                                                   empty_reasoning=row % 30 == 0, empty_content=False,
                                                   looped=row % 80 == 0))
-            rates.record_completion(client, run, dataset, partition, tokens, tokens / 40,
+            fleet_stats.record_completion(client, run, dataset, partition, tokens, tokens / 40,
                                     now=now - 540 + 540 * row / done)
         for row in range(done, done + dead):
             payload = TaskPayload(run=run, id=f"{dataset}/{row}", dataset=dataset, row=row, partition=partition,
                                   prompt_tokens=60, max_new_tokens=4096, messages=[{"role": "user", "content": "q"}])
             state.record_dead_letter(payload, "permanent", "HTTP 400: prompt too long", UPSTREAM)
-            rates.record_failure(client, run, dataset, partition, now=now - 30)
+            fleet_stats.record_failure(client, run, dataset, partition, now=now - 30)
     publish_beacons(client, run)
 
 
 def publish_beacons(client: redis.Redis, run: str) -> None:
     for name, pool, in_flight in (("short-1", "short", {"short:code_contests": 24, "short:webtext_multilingual": 40}),
                                   ("long-1", "long", {f"long:{LONG_NAME}": 6})):
-        beacons.publish(client, beacons.WorkerBeacon(
+        fleet_stats.publish(client, fleet_stats.WorkerBeacon(
             name=name, pool=pool, slots=64, time=time.time(),
-            upstreams=[beacons.UpstreamHealth(UPSTREAM, True, sum(in_flight.values()))], in_flight={run: in_flight}))
+            upstreams=[fleet_stats.UpstreamHealth(UPSTREAM, True, sum(in_flight.values()))],
+            in_flight={run: in_flight}))
 
 
 class Tmux:

@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 from genfleet.cli import app
 from genfleet.common.keys import ManifestFields
 from genfleet.common.records import CompletionRecord, Timing, Usage
-from genfleet.common.run_manifest import RunManifest
-from genfleet.common.run_state import Outcome, RunState
+from genfleet.common.run_state import Outcome, RunManifest, RunState
 from genfleet.producer.manifest import config_hash, tokenizer_fingerprint
 from helpers.fleet import shard_records
 from helpers.paths import TOKENIZER

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from genfleet.common.length_histogram import LengthHistogram, bucket_bounds, bucket_of
+from genfleet.common.fleet_stats import LengthHistogram, bucket_bounds, bucket_of
 from genfleet.status.eta import FLEET, OWN, DatasetWork, PoolThroughput, estimate_etas, share_pool, uniform_rate_eta
 
 

@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from kombu import Connection
 from kombu.serialization import loads
 
-from genfleet.common import bitmaps, kombu_wire
-from genfleet.common.dead_letters import DeadLetter
+from genfleet.common import kombu_wire, run_state
 from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
 from genfleet.common.queues import PARTITIONS, SHORT
 from genfleet.common.records import TaskPayload
-from genfleet.common.run_state import OutgoingTask, RowRejection, RunState
+from genfleet.common.run_state import DeadLetter, OutgoingTask, RowRejection, RunState
 from genfleet.workers.leases import Reaper
 
 
@@ -37,13 +36,13 @@ def test_the_bitmap_codec_reads_rows_exactly_as_redis_setbit_wrote_them(redis_se
         pipe.setbit("bits", row, 1)
     pipe.execute()
     stored = client.get("bits") or b""
-    assert list(bitmaps.set_rows(stored)) == sorted(rows)
+    assert list(run_state.set_rows(stored)) == sorted(rows)
     first, last = min(window), max(window)
     part = client.getrange("bits", first, last)
     for row in range(first * 8, (last + 1) * 8):
-        assert bitmaps.is_set(part, row, first_byte=first) == (row in rows)
+        assert run_state.is_set(part, row, first_byte=first) == (row in rows)
     width = max(len(stored), 1)
-    assert bitmaps.from_int(bitmaps.to_int(stored, width), width) == stored.ljust(width, b"\0")
+    assert run_state.from_int(run_state.to_int(stored, width), width) == stored.ljust(width, b"\0")
 
 
 def test_publish_pushes_each_row_once_counts_once_and_a_released_row_goes_again(redis_client):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from genfleet.common import rates
+from genfleet.common import fleet_stats
 from genfleet.common.queues import PARTITIONS, SHORT
 from genfleet.common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
 
@@ -31,7 +31,7 @@ def test_a_rows_rates_go_with_its_done_bit_once_however_many_times_its_task_fini
     task run twice adds them once, like the counters; a row already done adds nothing."""
     state = RunState(redis_client, "r")
     now = 1_700_000_000.0
-    updates = rates.completion_updates("r", "d", SHORT, 40, seconds=2.0, now=now)
+    updates = fleet_stats.completion_updates("r", "d", SHORT, 40, seconds=2.0, now=now)
     assert state.mark_done("d", 9, FINISHED, updates) is True
     assert state.mark_done("d", 9, FINISHED, updates) is False
     bucket = state.keys.rate_bucket(int(now // 60))

@@ -2,9 +2,9 @@
 the newest of those it read, not of the run."""
 from __future__ import annotations
 
-from genfleet.common.dead_letters import DeadLetter
 from genfleet.common.keys import RunKeys
 from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import DeadLetter
 from genfleet.status.page import read_failures
 from genfleet.status.page_view import _failures
 
