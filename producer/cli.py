@@ -14,8 +14,17 @@ from rich.markup import escape
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, verify_tls_by_default
 from genfleet.common.tokenizer import TokenizerNotFoundError
-from genfleet.producer.dry_run import DryRunDestination
 from genfleet.producer.enqueue import Destination, enqueue_dataset
+from genfleet.producer.enqueue_report import (
+    DatasetReport,
+    DryRunDestination,
+    EnqueueProgress,
+    dry_run_table,
+    print_rejections,
+    queue_depth_table,
+    rejections_table,
+    results_table,
+)
 from genfleet.producer.manifest import (
     ConfigChanged,
     Manifest,
@@ -23,28 +32,21 @@ from genfleet.producer.manifest import (
     resolve_run,
     tokenizer_fingerprint,
 )
-from genfleet.producer.progress import EnqueueProgress
+from genfleet.producer.prompts import PromptTemplater
 from genfleet.producer.publisher import TaskPublisher
 from genfleet.producer.readers import DatasetReadError, open_dataset
 from genfleet.producer.recovery import find_lost_rows, release_rows
-from genfleet.producer.report import DatasetReport
 from genfleet.producer.run_config import (
     CliOptions,
     ConfigError,
     DatasetSpec,
     RunConfig,
+    RunFileError,
+    flag_problems,
+    load_run_file,
     resolve,
+    run_name_problem,
 )
-from genfleet.producer.run_file import RunFileError, load_run_file
-from genfleet.producer.summary import (
-    dry_run_table,
-    print_rejections,
-    queue_depth_table,
-    rejections_table,
-    results_table,
-)
-from genfleet.producer.templating import PromptTemplater
-from genfleet.producer.validation import flag_problems, run_name_problem
 
 console = Console(stderr=True)
 

@@ -13,15 +13,22 @@ from typing import Any, Protocol
 
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import OutgoingTask, RowRejection
-from genfleet.producer.conversations import RowRejected, prompt_messages, read_row
-from genfleet.producer.ids import DuplicateIds, row_key
-from genfleet.producer.partitioning import choose_partition
+from genfleet.producer.enqueue_report import DatasetReport, rejection_kind
+from genfleet.producer.prompts import (
+    DuplicateIds,
+    PromptTemplater,
+    RowRejected,
+    choose_partition,
+    prompt_messages,
+    read_row,
+    row_key,
+    sample_payload,
+    sample_slots,
+    spread_samples,
+)
 from genfleet.producer.publisher import PublishResult
 from genfleet.producer.readers import MalformedRow, SourceRow, open_dataset
-from genfleet.producer.report import DatasetReport, rejection_kind
 from genfleet.producer.run_config import DatasetConfig, RunConfig
-from genfleet.producer.samples import sample_payload, sample_slots, spread_samples
-from genfleet.producer.templating import PromptTemplater
 
 # SGLang refuses a request whose input + max_new_tokens + reserved tokens exceed the context
 # (0.5.23 `tokenizer_manager.py::_validate_one_request`); with EAGLE speculative decoding it reserves

@@ -1,4 +1,31 @@
-"""The effective config of one `genfleet enqueue`: command-line flags over the run file over
+"""Values `genfleet enqueue` refuses before it reads a row: counts that must be positive, sampling
+parameters SGLang would reject on every request (`SamplingParams.verify`, sglang 0.5.23), names that
+break `common/names.py`'s rule. Each problem is one line naming the flag; the command exits 2 and
+enqueues nothing.
+
+The run file (`genfleet enqueue --run-file run.toml`): the datasets of a run and their options in
+TOML. Every key has a command-line flag of the same name; the flag wins. Unknown keys are errors,
+so a typo never silently falls back to a default.
+
+    run = "r1"
+    tokenizer = "/models/Kimi-K2.5"
+    context_length = 131072
+    thinking = true
+    [sampling]
+    temperature = 1.0
+    [datasets.glaive]
+    path = "data/glaive-*.jsonl.zst"        # relative paths are relative to the run file
+    format = "messages"
+    max_prompts = 100000
+    max_tokens_per_dataset = 50_000_000
+    [datasets.swe]
+    path = "data/swe.parquet"
+    partition = "long"
+    chat_template_kwargs = { thinking = false }
+    on_truncated = "continue"               # per dataset too: loop_guard, on_truncated,
+    samples = 4                             # max_new_tokens_total, samples
+
+The effective config of one `genfleet enqueue`: command-line flags over the run file over
 `GENFLEET_*` settings over defaults, resolved once into typed, immutable objects.
 
 Precedence, first given wins: a flag; the dataset's table in the run file; the run file's top level;
@@ -7,15 +34,197 @@ the environment (`Settings`); the default. Within one level the more specific ke
 """
 from __future__ import annotations
 
+import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from genfleet.common.names import name_problem
 from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS
 from genfleet.common.settings import Settings
-from genfleet.producer.conversations import ROW_FORMATS
-from genfleet.producer.run_file import DatasetEntry, RunFile
-from genfleet.producer.validation import dataset_name_problem, run_name_problem, sampling_problem, settings_problems
+from genfleet.producer.prompts import ROW_FORMATS, RowFormat
+
+# Flag -> the least value it takes (counts of tokens, prompts, rows; 0 for "no limit" where it means that).
+MINIMUMS = {
+    "--long-threshold": 1, "--max-new-tokens-short": 1, "--max-new-tokens-long": 1, "--max-new-tokens": 1,
+    "--context-length": 1, "--max-prompts": 1, "--max-tokens-per-dataset": 1, "--max-queue-depth": 0,
+    "--batch-size": 1, "--max-new-tokens-total": 1, "--samples": 1,
+}
+# The sampling keys with a dedicated flag; any other goes through --sampling KEY=VALUE.
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+                  "sampling_seed": "--seed"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in(low: float, high: float, *, open_low: bool = False) -> Callable[[Any], bool]:
+    return lambda v: _number(v) and (low < v if open_low else low <= v) and v <= high
+
+
+# key -> (what it must be, the check)
+SAMPLING_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "temperature": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "top_p": ("a number in (0, 1]", _in(0, 1, open_low=True)),
+    "min_p": ("a number in [0, 1]", _in(0, 1)),
+    "top_k": ("an integer, -1 (off) or at least 1", lambda v: _integer(v) and (v == -1 or v >= 1)),
+    "frequency_penalty": ("a number in [-2, 2]", _in(-2, 2)),
+    "presence_penalty": ("a number in [-2, 2]", _in(-2, 2)),
+    "repetition_penalty": ("a number in (0, 2]", _in(0, 2, open_low=True)),
+    "min_new_tokens": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
+    "sampling_seed": ("an integer", lambda v: _integer(v) and -(2**63) <= v < 2**63),
+    "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
+    "no_stop_trim": ("true or false", lambda v: isinstance(v, bool)),
+    "stop": ("a string or a list of strings",
+             lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))),
+    "stop_token_ids": ("a list of token ids", lambda v: isinstance(v, list) and all(_integer(t) for t in v)),
+}
+
+
+def sampling_problem(key: str, value: Any) -> str | None:
+    """Why SGLang would refuse `key=value`, or None (keys genfleet does not know pass through)."""
+    rule = SAMPLING_RULES.get(key)
+    if rule is None or rule[1](value):
+        return None
+    return f"{key} must be {rule[0]}, got {value!r}"
+
+
+def flag_problems(counts: dict[str, int | None], pairs: dict[str, Any], flags: dict[str, Any]) -> list[str]:
+    """One line per bad command-line value: `counts` by flag; sampling from `--sampling KEY=VALUE`
+    (`pairs`) and from its dedicated flags (`flags`, by sampling key)."""
+    problems = [f"{flag} must be at least {MINIMUMS[flag]}, got {value}"
+                for flag, value in counts.items() if value is not None and value < MINIMUMS[flag]]
+    for given, flag_of in ((pairs, lambda key: f"--sampling {key}"), (flags, SAMPLING_FLAGS.__getitem__)):
+        for key, value in given.items():
+            if (problem := sampling_problem(key, value)) is not None:
+                problems.append(f"{flag_of(key)}: {problem}")
+    return problems
+
+
+def run_name_problem(run: str) -> str | None:
+    problem = name_problem(run)
+    return None if problem is None else f"--run {run!r}: the run name {problem}"
+
+
+def dataset_name_problem(name: str) -> str | None:
+    problem = name_problem(name)
+    return None if problem is None else f"dataset {name!r} (NAME=PATH or [datasets.NAME]): the name {problem}"
+
+
+# Settings (GENFLEET_* env vars) a flag can override, with the least value each takes.
+SETTING_MINIMUMS = {"long_threshold_tokens": 1, "max_new_tokens_short": 1, "max_new_tokens_long": 1,
+                    "enqueue_batch_rows": 1, "max_queue_depth": 0}
+
+
+def settings_problems(settings: Any) -> list[str]:
+    """One line per GENFLEET_* value the producer cannot work with."""
+    return [f"GENFLEET_{name.upper()} must be at least {least}, got {value}"
+            for name, least in SETTING_MINIMUMS.items()
+            if (value := getattr(settings, name)) is not None and value < least]
+
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Partition = Literal["short", "long"]
+ContextRule = Literal["reserve", "clip"]
+Regenerate = Literal["last", "all"]
+LoopGuard = Literal["abort", "flag", "off"]
+OnTruncated = Literal["keep", "continue", "regenerate"]
+
+
+class RunFileError(ValueError):
+    """The run file is unreadable or invalid; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetEntry(_Strict):
+    path: str
+    format: RowFormat | None = None
+    prompt_field: str | None = None
+    partition: Partition | None = None
+    max_prompts: int | None = Field(default=None, ge=1)
+    # Replaces the per-partition max_new_tokens for this dataset's prompts.
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    max_tokens_per_dataset: int | None = Field(default=None, ge=1)
+    sampling: dict[str, Any] = {}
+    chat_template_kwargs: dict[str, Any] = {}
+    thinking: bool | None = None
+    loop_guard: LoopGuard | None = None
+    on_truncated: OnTruncated | None = None
+    max_new_tokens_total: int | None = Field(default=None, ge=1)
+    samples: int | None = Field(default=None, ge=1)
+
+
+class RunFile(_Strict):
+    run: str | None = None
+    tokenizer: str | None = None
+    redis_url: str | None = None
+    context_length: int | None = Field(default=None, ge=1)
+    context_rule: ContextRule | None = None
+    long_threshold: int | None = Field(default=None, ge=1)
+    max_new_tokens_short: int | None = Field(default=None, ge=1)
+    max_new_tokens_long: int | None = Field(default=None, ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    max_tokens_per_dataset: int | None = Field(default=None, ge=1)
+    max_prompts: int | None = Field(default=None, ge=1)
+    format: RowFormat | None = None
+    prompt_field: str | None = None
+    sampling: dict[str, Any] = {}
+    chat_template_kwargs: dict[str, Any] = {}
+    thinking: bool | None = None
+    regenerate: Regenerate | None = None
+    keep_token_ids: bool | None = None
+    max_queue_depth: int | None = Field(default=None, ge=0)
+    batch_size: int | None = Field(default=None, ge=1)
+    loop_guard: LoopGuard | None = None
+    on_truncated: OnTruncated | None = None
+    max_new_tokens_total: int | None = Field(default=None, ge=1)
+    samples: int | None = Field(default=None, ge=1)
+    datasets: dict[str, DatasetEntry] = {}
+
+
+def load_run_file(path: Path) -> RunFile:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise RunFileError(f"{path}: cannot read run file: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise RunFileError(f"{path}: invalid TOML: {error}") from None
+    try:
+        parsed = RunFile.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+        raise RunFileError(f"{path}: {problems}") from None
+    return _resolve_paths(parsed, path.parent)
+
+
+def _resolve_paths(parsed: RunFile, base: Path) -> RunFile:
+    """Relative paths mean relative to the run file, wherever the command is run from."""
+    def absolute(text: str) -> str:
+        return text if Path(text).is_absolute() else str(base / text)
+
+    datasets = {name: entry.model_copy(update={"path": absolute(entry.path)})
+                for name, entry in parsed.datasets.items()}
+    update: dict[str, Any] = {"datasets": datasets}
+    if parsed.tokenizer is not None:
+        update["tokenizer"] = absolute(parsed.tokenizer)
+    return parsed.model_copy(update=update)
+
 
 T = TypeVar("T")
 CONTEXT_RULES = ("reserve", "clip")

@@ -14,7 +14,7 @@ from rich.text import Text
 from genfleet.doctor.checks import Check, Status, passed
 from genfleet.doctor.plan import DoctorFlags, PreflightError, resolve_preflight
 from genfleet.doctor.preflight import run_checks
-from genfleet.producer.run_file import RunFileError
+from genfleet.producer.run_config import RunFileError
 from genfleet.workers.cli import usage_error
 
 STYLES = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}

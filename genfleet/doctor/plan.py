@@ -14,8 +14,7 @@ from pydantic import ValidationError
 from genfleet.common.queues import LONG, SHORT
 from genfleet.common.reasoning import UnknownParserError, get_format
 from genfleet.common.settings import Settings
-from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
-from genfleet.producer.run_file import RunFile, load_run_file
+from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, RunFile, load_run_file, resolve
 from genfleet.workers.cli import settings_with, upstream_problem
 
 # Stands in for the datasets when the run file names none, so `resolve` still merges the run file's

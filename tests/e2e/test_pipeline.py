@@ -7,7 +7,7 @@ from helpers.data import sample_dataset_args, write_jsonl, write_prompts
 from helpers.paths import TOKENIZER
 from helpers.sim_process import FAST_SIM, SimProcess
 
-from genfleet.producer.templating import PromptTemplater
+from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.completion import LengthModel, plan_completion
 from genfleet.sim.vocab import SimVocab
 

@@ -143,10 +143,10 @@ def test_dry_run_publishes_nothing_and_reports_prompts_rejections_tokens_and_mem
 def test_dry_run_memory_estimate_is_close_to_what_redis_spends(redis_url, redis_client, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"question {i} " + "word " * (i % 30)} for i in range(3000)])
     from genfleet.common.settings import Settings
-    from genfleet.producer.dry_run import DryRunDestination, queue_memory_bytes
     from genfleet.producer.enqueue import enqueue_dataset
+    from genfleet.producer.enqueue_report import DryRunDestination, queue_memory_bytes
+    from genfleet.producer.prompts import PromptTemplater
     from genfleet.producer.run_config import CliOptions, DatasetSpec, resolve
-    from genfleet.producer.templating import PromptTemplater
 
     config = resolve(CliOptions(datasets=(DatasetSpec.parse(f"d={data}"),), run="m", tokenizer=str(TOKENIZER)),
                      None, Settings())

@@ -11,7 +11,7 @@ from helpers.paths import TOKENIZER
 from helpers.sim_process import SimProcess
 
 from genfleet.common.reasoning import split_reasoning
-from genfleet.producer.templating import PromptTemplater
+from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.cli import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 

@@ -22,7 +22,7 @@ import pytest
 from helpers.sim_process import SimProcess
 from server import RealServer
 
-from genfleet.producer.templating import PromptTemplater
+from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.cli import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 from genfleet.workers.sglang.generate_stream import StreamMode

@@ -7,7 +7,7 @@ from pathlib import Path
 from helpers.data import write_jsonl
 from plan import PlanVocab, expected_completion
 
-from genfleet.producer.templating import PromptTemplater
+from genfleet.producer.prompts import PromptTemplater
 
 # A mix of plan shapes: short and longer replies, multi-byte words throughout (the plan's words).
 MIXED = ("[plan len=12 think=8]", "[plan len=40 think=30]", "[plan len=90 think=15]", "", "[plan len=3 think=70]")

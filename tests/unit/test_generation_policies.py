@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
+from genfleet.producer.prompts import sample_payload, sample_seed, sample_slots
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
-from genfleet.producer.samples import sample_payload, sample_seed, sample_slots
 from genfleet.workers.sglang.client import Generation
 from genfleet.workers.truncation import Continuation, follow_up, joined, prompt_with_prefix
 
@@ -125,7 +125,7 @@ def test_defaults_keep_the_identity_of_runs_enqueued_before_these_options():
 
 @given(st.lists(st.integers(1, 5), max_size=200), st.integers(1, 70))
 def test_samples_are_spread_sample_major_within_groups_and_none_is_lost(counts, group):
-    from genfleet.producer.samples import spread_samples
+    from genfleet.producer.prompts import spread_samples
 
     per_prompt = [[(p, k) for k in range(n)] for p, n in enumerate(counts)]
     ordered = spread_samples(per_prompt, group)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genfleet.producer.conversations import RowRejected, prompt_messages, to_messages
-from genfleet.producer.ids import prompt_id
-from genfleet.producer.partitioning import choose_partition
+from genfleet.producer.prompts import RowRejected, choose_partition, prompt_id, prompt_messages, to_messages
 from genfleet.producer.run_config import DatasetSpec
 
 
