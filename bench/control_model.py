@@ -110,7 +110,7 @@ def plan(summary: dict, run: dict) -> dict:
     task_s = in_flight / rate  # Little's law, every slot busy
     past_ttl = in_flight * max(0.0, 1 - LEASE_TTL_S / task_s)  # ages spread evenly over a task's life
     idle, held = run["idle_per_s"], summary["per_held"]
-    # The reaper lock (SET NX PX interval, kept until it expires: workers/leases.py `reap_once`)
+    # The reaper lock (SET NX PX interval, kept until it expires: workers/delivery.py `reap_once`)
     # lets the fleet make one pass per interval, however many workers' timers ask (a pass that
     # lasts longer than the interval runs back to back with the next). A pass reads the candidates'
     # leases a thousand per ZMSCORE; its length scales from the measured pass (localhost).

@@ -123,11 +123,11 @@ def _queued(client: redis.Redis, run: str) -> dict:
 
 
 def background_cost(meter: Meter, held: int) -> dict:
-    """One lease heartbeat and one reaper pass (workers/leases.py, as they are) with `held` messages
+    """One lease heartbeat and one reaper pass (workers/delivery.py, as they are) with `held` messages
     in hand, all fetched longer than the lease TTL ago and each under a live lease; and, to compare,
     the reaper's lease reads done as one ZMSCORE."""
     from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES
-    from genfleet.workers.leases import LeaseKeeper, Reaper
+    from genfleet.workers.delivery import LeaseKeeper, Reaper
 
     tags = [f"bench-{i:06d}" for i in range(held)]
     meter.client.zadd(KOMBU_UNACKED_INDEX, dict.fromkeys(tags, time.time() - 600))

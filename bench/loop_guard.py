@@ -1,5 +1,5 @@
 """The loop guard's cost on the hot path, how late it catches a loop, and the longest exact repeats of
-legitimate text (the numbers behind workers/loop_guard.py's defaults).
+legitimate text (the numbers behind workers/generation/loop_guard.py's defaults).
 
     .venv/bin/python -m bench.loop_guard [--tokens 2000000] [--corpus DIR ...]
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from genfleet.sim.vocab import SimVocab
-from genfleet.workers.loop_guard import DEFAULT, LoopDetector, LoopThresholds
+from genfleet.workers.generation.loop_guard import DEFAULT, LoopDetector, LoopThresholds
 
 COMPLETION = 8192
 CHUNKS = (1, 8, 32)

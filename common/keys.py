@@ -44,7 +44,7 @@ class RunKeys:
     def unaccounted(self) -> str:
         """Hash: dataset -> rows found neither queued, running, done nor dead by two workers' checks in
         a row (lost: `enqueue --recover-lost`), and `suspects:{dataset}` -> bitmap of the rows the
-        latest check found; absent while nothing is missing (`workers/unaccounted.py`)."""
+        latest check found; absent while nothing is missing (`workers/delivery.py`)."""
         return f"{self.base}:unaccounted"
 
     @property
@@ -93,7 +93,7 @@ REAPER_LOCK = f"{PREFIX}:reaper-lock"
 # `workers/broker.py` only, as are the lists.
 TRANSITS = f"{PREFIX}:transits"
 # Set while one worker's reaper checks for prompts lost in transit, for as long as the check interval
-# (`workers/unaccounted.py`, its writer): one check per interval, fleet-wide.
+# (`workers/delivery.py`, its writer): one check per interval, fleet-wide.
 UNACCOUNTED_CHECK = f"{PREFIX}:unaccounted-check"
 
 
@@ -147,7 +147,7 @@ class ManifestFields:
 
 
 # --- Celery's keys in the broker Redis: kombu's Redis transport names and writes them; of ours, only
-# RunState.publish (LPUSH onto a queue list) and the lease reaper (workers/leases.py, restore) do ---
+# RunState.publish (LPUSH onto a queue list) and the lease reaper (workers/delivery.py, restore) do ---
 def queue_list(queue: str) -> str:
     """List of a queue's messages at the default priority: kombu LPUSHes there, workers BRPOP."""
     return queue

@@ -395,7 +395,7 @@ class RunState:
         """Prompt id -> the stored document of its dead letter (`DeadLetter.to_dict`)."""
         return {letter.id: letter.to_dict() for letter in self.read_dead_letters()}
 
-    # --- the workers' check for lost prompts (workers/unaccounted.py) --------------------
+    # --- the workers' check for lost prompts (workers/delivery.py) --------------------
     def record_unaccounted(self, found: Mapping[str, set[int]]) -> dict[str, set[int]]:
         """One check's rows per dataset that no message holds and are neither done nor dead. Returns
         (and records, for `unaccounted`) those the previous check found too; forgets the rest."""
@@ -442,10 +442,6 @@ class RunState:
             version = tuple(int(part) for part in str(self.redis.info("server")["redis_version"]).split(".")[:2])
             self._publish = self.redis.register_script(_PUBLISH_FLAGGED if version >= (7, 0) else _PUBLISH)
         return self._publish
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def connect(url: str, *, timeout_s: float | None = None) -> redis.Redis:

@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     lease_heartbeat_s: float = 15.0
     reaper_interval_s: float = 10.0
     # How often (fleet-wide) a worker's reaper checks for prompts nobody holds: enqueued, yet neither
-    # queued, in transit, running, done nor dead (workers/unaccounted.py); `status` shows them. 0: never.
+    # queued, in transit, running, done nor dead (workers/delivery.py); `status` shows them. 0: never.
     unaccounted_check_interval_s: float = 300.0
     # On SIGTERM running streams may finish for this long; the rest are re-queued.
     shutdown_grace_s: float = 30.0
@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     # gives its message back to the queue.
     min_free_disk_mb: int = 1024
     disk_wait_s: float = 30.0
-    # The loop guard's thresholds, in tokens (workers/loop_guard.py; unset: its defaults, justified
+    # The loop guard's thresholds, in tokens (workers/generation/loop_guard.py; unset: its defaults, justified
     # there). A repetition is a loop when a unit of at most `loop_max_period` tokens repeats at
     # least `loop_min_repeats` times in a row over at least `loop_min_span` tokens.
     loop_max_period: Annotated[int, Field(ge=1)] | None = None

@@ -109,7 +109,7 @@ def requeue_command(
         console.print(f"{len(chosen)} dead letters would be requeued")
         return
     from genfleet.progress import terminal_progress
-    from genfleet.workers.app import create_app
+    from genfleet.workers.lifecycle import create_app
 
     app = create_app(settings)
     # Each letter is published and dropped from the store one by one: thousands take a while. The bar

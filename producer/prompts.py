@@ -204,7 +204,6 @@ def choose_partition(prompt_tokens: int, *, pinned: str | None, max_new_tokens_s
     return LONG if prompt_tokens + max_new_tokens_short > long_threshold else SHORT
 
 
-Message = dict[str, Any]
 
 
 class PromptTemplater:

@@ -120,7 +120,7 @@ class TaskPublisher:
 
 def _producer_app(redis_url: str) -> Celery:
     app = Celery("genfleet-producer", broker=redis_url, set_as_current=False)
-    # Only what publishing needs; the workers' behaviour lives in workers/app.py.
+    # Only what publishing needs; the workers' behaviour lives in workers/lifecycle.py.
     app.conf.update(**SERIALIZATION, task_queues=QUEUES, task_create_missing_queues=False,
                     task_send_sent_event=True)
     return app

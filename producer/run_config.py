@@ -297,7 +297,7 @@ class DatasetConfig:
     max_tokens_per_dataset: int | None
     sampling: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
-    # "abort" | "flag" | "off": what a degenerate repetition does (workers/loop_guard.py).
+    # "abort" | "flag" | "off": what a degenerate repetition does (workers/generation/loop_guard.py).
     loop_guard: str = "abort"
     # "keep" | "continue" | "regenerate": what a completion cut at max_new_tokens becomes.
     on_truncated: str = "keep"

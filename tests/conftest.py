@@ -75,7 +75,7 @@ def prompt(vocab) -> list[int]:
 @pytest.fixture
 def sglang_client():
     """The workers' SGLang client, closed after the test."""
-    from genfleet.workers.sglang.client import SglangClient
+    from genfleet.workers.generation.client import SglangClient
 
     client = SglangClient(max_connections=16, connect_timeout_s=5, stall_timeout_s=30)
     yield client

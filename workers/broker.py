@@ -1,4 +1,4 @@
-"""kombu's Redis transport as genfleet uses it (wired in by `Celery(amqp=...)` in workers/app.py),
+"""kombu's Redis transport as genfleet uses it (wired in by `Celery(amqp=...)` in workers/lifecycle.py),
 changed where kombu 5.7.0 loses or re-runs prompts. Tested against kombu 5.7.0 and celery 5.7.0
 (pinned in pyproject.toml); the line numbers below are theirs. Needs Redis 6.2 or later (BLMOVE).
 
@@ -21,7 +21,7 @@ the event loop (kombu/message.py:126, queued by celery's `call_soon_ack`): its m
 the closed channel.
 
 So `QoS.restore_at_shutdown` is off (virtual/base.py:180, checked at :289): a message a worker holds
-stays in kombu's `unacked` hash, covered by its lease (`workers/leases.py`): renewed while the task
+stays in kombu's `unacked` hash, covered by its lease (`workers/delivery.py`): renewed while the task
 runs, re-queued by the reaper once its worker is gone. And a channel remembers its broker address:
 an ack on a closed channel goes over a fresh connection (the `unacked` hash is keyed by the delivery
 tag alone, whichever channel received it). Where Redis is still down the ack fails with a connection
@@ -211,7 +211,7 @@ class BrokerConnection(Connection):
 
 
 class AMQP(amqp.AMQP):
-    """Celery's AMQP helper with that connection (`Celery(amqp=...)`, workers/app.py)."""
+    """Celery's AMQP helper with that connection (`Celery(amqp=...)`, workers/lifecycle.py)."""
     Connection = BrokerConnection
     BrokerConnection = BrokerConnection
 

@@ -12,7 +12,7 @@ import typer
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.settings import Settings
-from genfleet.workers.sglang.stream_http import Origin, UpstreamURLError
+from genfleet.workers.generation.stream_http import Origin, UpstreamURLError
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
@@ -64,7 +64,7 @@ def flower_command(
     # run only when auth is configured. So genfleet's Flower always has a password.
     if problem := flower_auth_problem(settings.flower_auth):
         usage_error(problem)
-    from genfleet.workers.app import create_app
+    from genfleet.workers.lifecycle import create_app
 
     argv = ["flower", f"--port={port}", f"--address={address}", f"--max_tasks={max_tasks}",
             "--purge_offline_workers=600", f"--basic-auth={settings.flower_auth}",

@@ -15,11 +15,10 @@ from celery.worker import state as celery_state
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
 from genfleet.common.tokenizer import load_tokenizer
-from genfleet.workers.disk import DiskGuard
-from genfleet.workers.leases import LeaseKeeper, Reaper
-from genfleet.workers.sglang.client import SglangClient
-from genfleet.workers.sglang.split import CompletionSplitter
-from genfleet.workers.shard_writer import ShardSet
+from genfleet.workers.delivery import LeaseKeeper, Reaper
+from genfleet.workers.generation.client import SglangClient
+from genfleet.workers.generation.split import CompletionSplitter
+from genfleet.workers.output import DiskGuard, ShardSet
 from genfleet.workers.upstreams import UpstreamPool
 
 # Threads beyond the in-flight cap: while one thread fsyncs its record, acks and fetches the next

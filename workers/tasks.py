@@ -22,14 +22,12 @@ from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.run_state import Outcome
 from genfleet.workers import telemetry
-from genfleet.workers.disk import DiskUnwritable
 from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
 from genfleet.workers.failures import handle_failure
-from genfleet.workers.generation import BudgetSpent, generate_turns
+from genfleet.workers.generation.client import Generation
+from genfleet.workers.generation.replies import BudgetSpent, Continuation, follow_up, generate_turns
+from genfleet.workers.output import DiskUnwritable, ShardWriteFailed
 from genfleet.workers.runtime import WorkerRuntime
-from genfleet.workers.sglang.client import Generation
-from genfleet.workers.shard_writer import ShardWriteFailed
-from genfleet.workers.truncation import Continuation, follow_up
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The output directory the workers will write shards to: it can be created, a file in it written,
-fsynced (file and directory, as `workers/shard_writer.py` does) and deleted, and its file system has
-more free space than the workers' floor (`workers/disk.py`, `GENFLEET_MIN_FREE_DISK_MB`), below
+fsynced (file and directory, as `workers/output.py` does) and deleted, and its file system has
+more free space than the workers' floor (`workers/output.py`, `GENFLEET_MIN_FREE_DISK_MB`), below
 which they take no prompt at all.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from genfleet.doctor.checks import Check, fail, ok
-from genfleet.workers.disk import DiskGuard
+from genfleet.workers.output import DiskGuard
 
 NAME = "output dir"
 WRITABLE_FIX = "point --output-dir / GENFLEET_OUTPUT_DIR at a directory this user can write"

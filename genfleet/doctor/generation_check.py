@@ -1,5 +1,5 @@
 """A test generation through each upstream, sent and split as a worker would: the probe prompt's
-ids from the chat template (`template_checks.probe_template`), `workers/sglang/requests.py`'s body
+ids from the chat template (`template_checks.probe_template`), `workers/generation/client.py`'s body
 with a few `max_new_tokens`, streamed by the workers' `SglangClient` and split by their
 `CompletionSplitter` with the configured parser and the tokenizer.
 
@@ -20,9 +20,8 @@ from genfleet.common.settings import Settings
 from genfleet.doctor.checks import Check, fail, ok, warn
 from genfleet.doctor.template_checks import MODEL_TOKENIZER_FIX, PROBE_MESSAGES, Opening, TemplateProbe, variant_label
 from genfleet.workers.errors import GenerationError, IntegrityError
-from genfleet.workers.sglang.client import SglangClient
-from genfleet.workers.sglang.requests import generate_body
-from genfleet.workers.sglang.split import CompletionSplitter
+from genfleet.workers.generation.client import SglangClient, generate_body
+from genfleet.workers.generation.split import CompletionSplitter
 
 PROBE_MAX_NEW_TOKENS = 64
 PROBE_DEADLINE_S = 60.0

@@ -14,7 +14,7 @@ from genfleet.doctor.redis_checks import redis_checks
 from genfleet.doctor.template_checks import probe_template, template_check, tokenizer_check, variant_label
 from genfleet.doctor.upstream_checks import upstream_check
 from genfleet.producer.readers import DatasetReadError, open_dataset
-from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.generation.client import SglangClient
 
 # An operator's command: a Redis or host that does not answer is reported in seconds.
 TIMEOUT_S = 5.0

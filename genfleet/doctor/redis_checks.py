@@ -20,7 +20,7 @@ from genfleet.doctor.plan import Preflight
 
 QUEUED_PROMPT_BYTES = 1385
 QUEUED_BYTES_PER_TOKEN = 13.9
-# Leases (TTL 60 s, renewed every 15 s: workers/leases.py) are written with one worker's clock and
+# Leases (TTL 60 s, renewed every 15 s: workers/delivery.py) are written with one worker's clock and
 # judged by the reaper's, and rate buckets and beacons are per wall-clock second and minute: hosts
 # must agree to well within a heartbeat. Redis's clock is the one every host can compare with.
 WARN_SKEW_S = 1.0
@@ -48,7 +48,7 @@ def redis_checks(preflight: Preflight, *, timeout_s: float) -> list[Check]:
 
 
 # Workers consume with BLMOVE (workers/broker.py) and the reaper reads leases with ZMSCORE
-# (workers/leases.py): both Redis 6.2.
+# (workers/delivery.py): both Redis 6.2.
 MIN_REDIS = (6, 2)
 
 

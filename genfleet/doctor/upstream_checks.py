@@ -16,8 +16,7 @@ import httpx
 
 from genfleet.common.settings import Settings
 from genfleet.doctor.checks import Check, Status, fail, ok
-from genfleet.workers.sglang.client import SglangClient
-from genfleet.workers.sglang.generate_stream import StreamMode
+from genfleet.workers.generation.client import SglangClient, StreamMode
 
 HEALTH_TIMEOUT_S = 5.0
 

@@ -57,7 +57,7 @@ def conversation_of(record: Record) -> Conversation:
     turns = generated_turns(record)
     messages = [dict(message) for message in record["messages"]]
     # The model's earlier replies sit in the prompt where it made them: every assistant turn after
-    # the first user turn (workers/turns.py `reply_positions`).
+    # the first user turn (workers/generation/replies.py `reply_positions`).
     earlier: list[int] = []
     seen_user = False
     for index, message in enumerate(messages if len(turns) > 1 else ()):

@@ -143,7 +143,7 @@ class RunStatus:
     # "worker: problem" for each live worker that cannot write its shards
     disk_problems: list[str] = field(default_factory=list)
     # Dataset -> prompts neither queued, running, done, dead, rejected nor skipped: their message is
-    # lost (found by the workers' check, workers/unaccounted.py)
+    # lost (found by the workers' check, workers/delivery.py)
     unaccounted: dict[str, int] = field(default_factory=dict)
     # Ways this Redis may lose the run's state (no noeviction, no AOF), or that they could not be checked
     redis_problems: list[str] = field(default_factory=list)

@@ -30,7 +30,7 @@ from kombu import Consumer
 from genfleet.common.queues import QUEUES, SHORT
 from genfleet.common.settings import Settings
 from genfleet.workers import broker
-from genfleet.workers.app import create_app
+from genfleet.workers.lifecycle import create_app
 
 broker.QoS.append = lambda *_: os.kill(os.getpid(), 9)
 with create_app(Settings()).connection_for_read() as connection:

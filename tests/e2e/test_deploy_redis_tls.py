@@ -49,7 +49,7 @@ def tls_redis(tmp_path):
 
 
 def test_redis_tls_with_a_password_runs_a_job_and_the_broker_verifies_the_certificate(tls_redis, tmp_path):
-    from genfleet.workers.app import create_app
+    from genfleet.workers.lifecycle import create_app
 
     url, certs, password, port = tls_redis
 

@@ -79,7 +79,7 @@ def test_short_pool_holds_150_requests_in_flight_and_long_pool_32(fleet, tmp_pat
 
 def test_regenerate_all_makes_each_turn_in_order_on_the_models_own_replies(fleet, tmp_path):
     from genfleet.common.tokenizer import load_tokenizer, render_prompts
-    from genfleet.workers.turns import history_before
+    from genfleet.workers.generation.replies import history_before
 
     conversation = []
     for turn in range(3):

@@ -12,8 +12,8 @@ from helpers.waits import wait_until
 from genfleet.common.tokenizer import render_prompts
 from genfleet.sim.completion import LengthModel, plan_completion
 from genfleet.workers.errors import PermanentError, StreamStalled, TransientError, UpstreamAborted
-from genfleet.workers.sglang.client import SglangClient
-from genfleet.workers.sglang.split import CompletionSplitter
+from genfleet.workers.generation.client import SglangClient
+from genfleet.workers.generation.split import CompletionSplitter
 
 SCALE = 0.03
 FAST = ("--rate", "2000", "--length-scale", str(SCALE))

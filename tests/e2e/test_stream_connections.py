@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.generation.client import SglangClient
 
 TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 TIME_WAIT, ESTABLISHED = "06", "01"

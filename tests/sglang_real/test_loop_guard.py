@@ -26,8 +26,8 @@ from helpers.waits import wait_until
 from plan import Turn, split_context
 from tier import Expectations, enqueue, start_pools
 
-from genfleet.workers.loop_guard import DEFAULT, LoopDetector
-from genfleet.workers.sglang.client import new_rid
+from genfleet.workers.generation.client import new_rid
+from genfleet.workers.generation.loop_guard import DEFAULT, LoopDetector
 
 MAX_NEW_TOKENS = 10240  # the short partition's default: what each loop would cost unguarded
 # Three loops: periods of 3, 5 and 1 words after the content's first 6 words.

@@ -25,8 +25,12 @@ from server import RealServer
 from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.cli import parse_sim_args
 from genfleet.sim.vocab import SimVocab
-from genfleet.workers.sglang.generate_stream import StreamMode
-from genfleet.workers.sglang.server_info import ServerInfo, identity_from_model_info, revision_from_server_info
+from genfleet.workers.generation.client import (
+    ServerInfo,
+    StreamMode,
+    identity_from_model_info,
+    revision_from_server_info,
+)
 
 MODES = ("cumulative", "incremental")
 SSE = "text/event-stream; charset=utf-8"

@@ -19,7 +19,7 @@ from kombu.message import Message
 from genfleet.common.keys import KOMBU_UNACKED, LEASES, REAPER_LOCK, TRANSITS
 from genfleet.common.queues import QUEUES, SHORT
 from genfleet.workers import broker
-from genfleet.workers.leases import LeaseKeeper, Reaper
+from genfleet.workers.delivery import LeaseKeeper, Reaper
 
 GENFLEET = dict(transport="genfleet.workers.broker:Transport", transport_options={"priority_steps": [0]})
 STOCK = dict(transport_options={"priority_steps": [0]})  # kombu 5.7.0's own Redis transport

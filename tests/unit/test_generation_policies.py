@@ -13,8 +13,8 @@ from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.prompts import sample_payload, sample_seed, sample_slots
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
-from genfleet.workers.sglang.client import Generation
-from genfleet.workers.truncation import Continuation, follow_up, joined, prompt_with_prefix
+from genfleet.workers.generation.client import Generation
+from genfleet.workers.generation.replies import Continuation, follow_up, joined, prompt_with_prefix
 
 
 def payload(**changes) -> TaskPayload:

@@ -12,7 +12,7 @@ from helpers.kombu_messages import held_message
 
 from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
 from genfleet.common.queues import SHORT
-from genfleet.workers.leases import LeaseKeeper, Reaper
+from genfleet.workers.delivery import LeaseKeeper, Reaper
 
 PAYLOAD = {"run": "r", "dataset": "d", "row": 1, "id": "d/1"}
 

@@ -1,4 +1,4 @@
-"""The loop guard (workers/loop_guard.py): it finds exactly the runs its rule describes, at the same
+"""The loop guard (workers/generation/loop_guard.py): it finds exactly the runs its rule describes, at the same
 position whatever the chunking, soon enough after a loop starts, and never in legitimate text: hand-
 written fixtures (tests/unit/loop_corpus), generated digits and matrices, and real files on this
 machine (a deterministic sample of the stdlib, the installed distributions' licenses and READMEs)
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from genfleet.workers.loop_guard import DEFAULT, Loop, LoopDetector, LoopThresholds
+from genfleet.workers.generation.loop_guard import DEFAULT, Loop, LoopDetector, LoopThresholds
 
 CORPUS = Path(__file__).parent / "loop_corpus"
 # Small enough that hypothesis builds qualifying and near-miss runs often; their needles (1 and 3

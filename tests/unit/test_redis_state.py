@@ -22,7 +22,7 @@ from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
 from genfleet.common.queues import PARTITIONS, SHORT
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import DeadLetter, OutgoingTask, RowRejection, RunState
-from genfleet.workers.leases import Reaper
+from genfleet.workers.delivery import Reaper
 
 
 @settings(max_examples=40, deadline=None)

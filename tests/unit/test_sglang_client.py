@@ -9,8 +9,8 @@ import pytest
 from helpers.http_stub import http_stub
 
 from genfleet.workers.errors import StreamCut
-from genfleet.workers.loop_guard import LoopThresholds
-from genfleet.workers.sglang.stream_watch import StreamWatch
+from genfleet.workers.generation.client import StreamWatch
+from genfleet.workers.generation.loop_guard import LoopThresholds
 
 CHUNK = b'data: {"text":" a","output_ids":[5],"meta_info":{"finish_reason":null,"completion_tokens":1}}\n\n'
 

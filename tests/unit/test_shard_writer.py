@@ -3,7 +3,7 @@ import threading
 
 from helpers.waits import wait_until
 
-from genfleet.workers.shard_writer import ShardSet, ShardWriter
+from genfleet.workers.output import ShardSet, ShardWriter
 
 
 def test_written_lines_are_on_disk_before_write_returns(tmp_path):

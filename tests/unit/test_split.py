@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from genfleet.workers.errors import IntegrityError
-from genfleet.workers.sglang.client import Generation
-from genfleet.workers.sglang.split import CompletionSplitter
+from genfleet.workers.generation.client import Generation
+from genfleet.workers.generation.split import CompletionSplitter
 
 REASONING, CONTENT = " the user asks hi.", "Hello there"
 TEXT = f"{REASONING}</think>{CONTENT}"  # kimi_k2: the template opened <think>, the output closes it

@@ -15,7 +15,7 @@ from genfleet.status.read_model import read_progress
 from genfleet.status.render import dataset_json, dataset_table, status_json
 from genfleet.status.snapshot import DatasetProgress, DatasetStatus, LengthStats, RunProgress, RunStatus, Throughput
 from genfleet.workers import telemetry
-from genfleet.workers.metrics import METRICS
+from genfleet.workers.telemetry import METRICS
 
 IDLE = {window: Throughput(0.0, 0.0, 0.0, 0.0, 0.0, None) for window in ("1m", "10m")}
 

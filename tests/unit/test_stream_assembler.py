@@ -2,7 +2,7 @@
 import pytest
 
 from genfleet.workers.errors import PermanentError, TransientError, UpstreamAborted
-from genfleet.workers.sglang.generate_stream import StreamAssembler
+from genfleet.workers.generation.client import StreamAssembler
 
 WORDS = [" a", " b", " c", " d", " e"]
 IDS = [10, 11, 12, 13, 14]

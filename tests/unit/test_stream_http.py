@@ -1,4 +1,4 @@
-"""The streams' HTTP/1.1 connections (`workers/sglang/stream_http.py`) against a raw-socket server in
+"""The streams' HTTP/1.1 connections (`workers/generation/stream_http.py`) against a raw-socket server in
 this process that keeps connections alive, closes them or drops a request as a test says
 (`helpers/keep_alive_server.py`)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from helpers.keep_alive_server import keep_alive_server
 
 from genfleet.workers.errors import TransientError
-from genfleet.workers.sglang.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
+from genfleet.workers.generation.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from genfleet.common.reasoning import REASONING_FORMATS, split_reasoning
 from genfleet.workers.errors import IntegrityError
-from genfleet.workers.sglang.chat_stream import ChatStreamAssembler
-from genfleet.workers.sglang.generate_stream import StreamAssembler, StreamMode
+from genfleet.workers.generation.client import ChatStreamAssembler, StreamAssembler, StreamMode
 
 CUMULATIVE, INCREMENTAL, V0_5_2 = "cumulative", "incremental", "0.5.2"
 MODES = (CUMULATIVE, INCREMENTAL, V0_5_2)

@@ -11,7 +11,7 @@ from helpers.certificates import make_certificates
 from helpers.keep_alive_server import keep_alive_server
 
 from genfleet.workers.errors import TransientError
-from genfleet.workers.sglang.client import SglangClient
+from genfleet.workers.generation.client import SglangClient
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Usage
 from genfleet.common.run_state import Outcome
 from genfleet.common.tokenizer import render_prompts
 from genfleet.workers.errors import IntegrityError, PermanentError, TransientError
-from genfleet.workers.generation import prompt_ids
-from genfleet.workers.sglang.requests import chat_body, generate_body
+from genfleet.workers.generation.client import chat_body, generate_body
+from genfleet.workers.generation.replies import history_before, prompt_ids, reply_positions
 from genfleet.workers.tasks import outcome_of, summary
 from genfleet.workers.telemetry import outcome_class
-from genfleet.workers.turns import history_before, reply_positions
 
 QUESTION = [{"role": "user", "content": "hi"}]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from genfleet.common.reasoning import ReasoningSplit, split_reasoning
 from genfleet.workers.errors import IntegrityError
-from genfleet.workers.sglang.client import Generation
+from genfleet.workers.generation.client import Generation
 
 # Tokens that end a turn or a sequence; they carry no text of the model's.
 TURN_END_TOKENS = ("<|im_end|>", "[EOS]", "[EOT]", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",

@@ -23,7 +23,7 @@ Debian's Python 3.11 stdlib; every LICENSE and METADATA, READMEs included, of th
 in .venv), as ids of the repository's byte-level BPE (sim/model, 4.8 M), of a word-level split
 (\\w+|[^\\w\\s]|\\s+, 4.3 M; closer to a large vocabulary) and as characters. Longest exact runs:
     238 ids, p = 1: a reST underline of 238 "^" (regex's METADATA), BPE and words alike;
-    194 BPE ids (163 words), p = 6: 32 identical `'\\ufffe'` lines (encodings/iso8859_8.py);
+    194 BPE ids (163 words), p = 6: 32 identical `'\ufffe'` lines (encodings/iso8859_8.py);
     424 characters, p = 13: the same lines. For p > 64 at most 3.7 repeats, for p > 128 at most 2.0
     (a block pasted twice: a license, a Makefile rule): nothing legitimate repeats a long unit often.
 Hand-written fixtures (tests/unit/loop_corpus, generated digits and matrices): a numpy-printed
