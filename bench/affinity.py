@@ -7,7 +7,7 @@ repeats its prompt) and conversations regenerated turn by turn (`--regenerate al
 prompt extends the previous one), two runs served by one fleet at once. Each host models SGLang's
 radix prefix cache (`genfleet sim --prefix-cache-tokens`) and its scheduler: requests are
 prefilled in FCFS batches of their uncached tokens, one batch at a time, and nobody decodes while
-a batch runs (sim/prefill_lane.py), so prefill a host's cache saves is GPU time every request gets
+a batch runs (sim/capacity.py), so prefill a host's cache saves is GPU time every request gets
 back, as on SGLang.
 
 The capacity is a 70B model on one 8-GPU H200 node (TP8), estimated from the hardware:

@@ -1,4 +1,35 @@
-"""The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
+"""A host's prefix cache, modelled on SGLang 0.5.23's radix cache (`mem_cache/radix_cache.py`), so
+that routing requests that share a prefix to one host can be measured.
+
+What SGLang does, and the sim after it:
+
+- Lookup (`Req.init_next_round_input`, `managers/schedule_batch.py`): when a prefill batch takes
+  a request (sim.prefill_lane), the longest cached prefix of its ids is its `cached_tokens`,
+  capped at `len(ids) - 1` (`_compute_max_prefix_len`: the last token is always prefilled, for its
+  logits), then page-aligned down (`RadixKey.page_aligned`). A lookup refreshes the recency of what it
+  matched. Only the uncached tokens are prefilled.
+- Insert after prefill (`checkpoint_kv_cache`, `mem_cache/common.py`, called for a request that
+  did not finish in its prefill, `managers/scheduler_components/batch_result_processor.py`): the
+  prompt, as its batch ends, so that a request in a later batch finds it (one in the same batch
+  does not).
+- Insert at the end (`release_kv_cache(req, tree_cache, checkpoint=True)`, `mem_cache/common.py`,
+  for a request finished or aborted while running): `origin_input_ids + output_ids` up to the KV
+  the request computed (`Req.owned_kv_len`: `kv_committed_len`), that is every output id but the
+  last, which was sampled but never fed back. A request aborted while waiting computed nothing.
+- Eviction (`RadixCache.evict`): leaves first, least recently used first, until the tokens fit.
+
+The sim's simplifications:
+
+- Pages of `page_size` tokens (default 16, as SGLang runs with `--page-size 16`; SGLang's own
+  default is 1): the cache holds whole pages, keyed by a hash chained over the pages before, so a
+  lookup costs a tuple and a dict probe per page, never a per-token walk. Two different prefixes
+  share an entry only if their chained 64-bit hashes collide.
+- The capacity is for the cache alone; SGLang's KV pool also holds the running requests' KV, and
+  never evicts a node a running request holds (`lock_ref`). Here a running request's prefix may
+  be evicted under pressure; its end re-inserts it.
+- One asyncio loop runs the sim: nothing here awaits, so no lock is needed.
+
+The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
 
 Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, except
 while a prefill batch has the GPU (sim.prefill_lane: `pause_decoding`), when nobody decodes, as in
@@ -8,16 +39,147 @@ changes and pauses begin and end; a request's progress is the clock's advance si
 ended. A pause's end is known when it begins, so the clock needs no call at that moment to be
 exact. The same bookkeeping integrates `running` over time, which gives an exact time-weighted mean
 occupancy.
+
+A server's prefill lane: requests that hold a slot are prefilled in batches, one batch at a time,
+and while a batch runs nobody decodes, as in SGLang 0.5.23's scheduler. So prefill a prefix cache
+saves (sim.prefix_cache) shortens every running request's wait, not only the request's own.
+
+What SGLang does:
+
+- One GPU, turn by turn (`managers/scheduler.py`, `event_loop_normal` -> `get_next_batch_to_run`):
+  each turn runs a prefill ("extend") batch whenever requests wait and can be admitted ("Run
+  prefill first if possible"), else one decode step of the running batch. A prefill batch and the
+  decode steps mix only with `--enable-mixed-chunk`, off by default (`arg_groups/fields/schedule.py`),
+  and `--prefill-decode-interval` is 0 (`validation_hook.py`): the running requests do not decode
+  while a prefill batch runs.
+- A batch (`_get_new_batch_prefill_raw`, and `PrefillAdder` in `managers/schedule_policy.py`) takes
+  the waiting requests in queue order (`--schedule-policy fcfs`, the default), matching each
+  against the radix cache as it comes to it (`req.init_next_round_input(self.tree_cache)`), and
+  charges its uncached ("extend") tokens to a budget of `--max-prefill-tokens` (16384;
+  `_update_prefill_budget`). It stops at the first request that does not fit (`add_one_req`
+  answers OTHER and the loop breaks); the first request of a batch always goes ("Without
+  chunking, allow the first request even above the input cap").
+- Requests in one batch do not find each other's prompts: a prompt enters the cache after its
+  batch (`checkpoint_kv_cache`, `managers/scheduler_components/batch_result_processor.py`). Only
+  the cache-aware policies (lpm, dfs-weight, ...) hold back a request whose prefix an earlier
+  waiting request shares, for the next batch (`SchedulePolicy._compute_prefix_matches`); FCFS
+  does not, so two requests with one prompt in one batch both miss.
+
+The sim, after it:
+
+- One lane per server. A request joins its queue once it holds a slot (sim.capacity). An idle lane
+  forms a batch on the event loop's next turn (requests that arrive together share it), a busy one
+  as its batch ends, FCFS up to `max_prefill_tokens` uncached tokens, matching each request then.
+- A batch takes `uncached tokens / prefill_rate` seconds (prefill_rate is the server's, not a
+  request's), during which the shared decode clock stands still (`Capacity.pause_decoding`).
+- At its end its prompts are cached and its requests start decoding, their first token out of the
+  prefill; the next batch forms from the requests queued by then.
+- An abort: a request still queued leaves the queue (SGLang's "Abort in waiting queue": nothing
+  computed); one in the running batch cannot leave it: the batch runs its course, its prompt cached.
+
+Simplifications: no chunked prefill. SGLang cuts a request that does not fit the chunk budget
+(`--chunked-prefill-size`, 8192 on an H200: `arg_groups/memory_hook.py`) and runs the rest in the
+next batches, with no decode step between (the chunked request goes first); the sim puts a request
+that does not fit in the next batch, and one longer than the budget in a batch of its own. The lane
+is busy as long; a request's first token may come a little sooner or later. Prefill time is linear
+in the uncached tokens: no attention term growing with the prefix, no per-batch overhead.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from genfleet.sim.prefix_cache import DEFAULT_PAGE_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+DEFAULT_PREFIX_CACHE_TOKENS = 500_000  # about an H200's KV pool for an 8B model at bf16
+DEFAULT_PAGE_SIZE = 16
+
+
+class _Page:
+    __slots__ = ("children", "parent")
+
+    def __init__(self, parent: int | None) -> None:
+        self.parent = parent
+        self.children = 0  # cached pages that extend this one
+
+
+class PrefixCache:
+    """Cached token pages of one host; `capacity_tokens` 0 turns the cache off.
+
+    Recency is the order of `_pages`, least recent first. A lookup or an insert moves the pages of
+    its path to the end deepest first, so a page always stands before its ancestors: the first
+    page is always a leaf, and eviction pops it (leaf-first LRU in O(1) per page)."""
+
+    def __init__(self, capacity_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS, page_size: int = DEFAULT_PAGE_SIZE) -> None:
+        if capacity_tokens < 0 or page_size < 1:
+            raise ValueError(f"need capacity_tokens >= 0 and page_size >= 1, got {capacity_tokens}, {page_size}")
+        self.capacity_tokens = capacity_tokens
+        self.page_size = page_size
+        self._pages: OrderedDict[int, _Page] = OrderedDict()
+        self.evicted_tokens = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity_tokens > 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held now."""
+        return len(self._pages) * self.page_size
+
+    def match(self, ids: Sequence[int]) -> int:
+        """The cached prefix of `ids` a request scheduled now reuses: at most `len(ids) - 1` tokens,
+        whole pages. The matched pages become the most recently used."""
+        if not self._pages:
+            return 0
+        path = []
+        for key in self._keys(ids, len(ids) - 1):
+            if key not in self._pages:
+                break
+            path.append(key)
+        self._touch(path)
+        return len(path) * self.page_size
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """Cache the whole pages of `ids` (most recently used), then evict down to the capacity."""
+        if not self.enabled:
+            return
+        path, parent = [], None
+        for key in self._keys(ids, len(ids)):
+            if key not in self._pages:
+                self._pages[key] = _Page(parent)
+                if parent is not None:
+                    self._pages[parent].children += 1
+            path.append(key)
+            parent = key
+        self._touch(path)
+        self._evict()
+
+    def clear(self) -> None:
+        """`/flush_cache` (`RadixCache.reset`)."""
+        self._pages.clear()
+
+    def _keys(self, ids: Sequence[int], limit: int) -> Iterator[int]:
+        """The chained key of each whole page among the first `limit` ids."""
+        size, key = self.page_size, 0
+        for start in range(0, max(limit, 0) // size * size, size):
+            key = hash((key, tuple(ids[start : start + size])))
+            yield key
+
+    def _touch(self, path: list[int]) -> None:
+        for key in reversed(path):  # deepest first: ancestors end up after their descendants
+            self._pages.move_to_end(key)
+
+    def _evict(self) -> None:
+        while len(self._pages) * self.page_size > self.capacity_tokens:
+            _, page = self._pages.popitem(last=False)
+            if page.children:  # cannot happen (see the class docstring); never orphan a page
+                raise AssertionError("prefix cache evicted a page that has children")
+            if page.parent is not None:
+                self._pages[page.parent].children -= 1
+            self.evicted_tokens += self.page_size
+
 
 # SGLang 0.5.23's --max-prefill-tokens default (`arg_groups/fields/schedule.py`).
 DEFAULT_MAX_PREFILL_TOKENS = 16384
@@ -212,3 +374,85 @@ class Capacity:
             self._running_area += elapsed * self.running
             self._last = now
         return now
+
+
+class PrefillTurn:
+    """One request's place in the lane: queued, then in a batch (`batched`, with the `cached_tokens`
+    its match found), then `done` as its batch ends."""
+
+    def __init__(self, lane: PrefillLane, prompt_ids: Sequence[int], prompt_tokens: int) -> None:
+        self._lane = lane
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.batched = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def withdraw(self) -> bool:
+        """Leave the queue if no batch has taken the request yet (an abort, a cancelled request):
+        True if it left; a no-op once batched."""
+        return self._lane.withdraw(self)
+
+
+class PrefillLane:
+    """The server's prefill batches, one at a time, FCFS."""
+
+    def __init__(self, capacity: Capacity, prefix_cache: PrefixCache) -> None:
+        self._capacity = capacity
+        self._cache = prefix_cache
+        self._queue: deque[PrefillTurn] = deque()
+        self._batch: list[PrefillTurn] | None = None  # the batch running now
+        self._forming = False  # a batch is due to form on the loop's next turn
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch."""
+        return len(self._queue)
+
+    def submit(self, prompt_ids: Sequence[int], prompt_tokens: int) -> PrefillTurn:
+        """Queue a request that holds a slot; its turn's `done` resolves as its batch ends."""
+        turn = PrefillTurn(self, prompt_ids, prompt_tokens)
+        self._queue.append(turn)
+        if self._batch is None and not self._forming:
+            self._forming = True
+            asyncio.get_running_loop().call_soon(self._start_batch)
+        return turn
+
+    def withdraw(self, turn: PrefillTurn) -> bool:
+        if turn.batched or turn not in self._queue:
+            return False
+        self._queue.remove(turn)
+        return True
+
+    def _start_batch(self) -> None:
+        self._forming = False
+        if self._batch is not None or not self._queue:
+            return
+        settings = self._capacity.settings
+        batch: list[PrefillTurn] = []
+        uncached_total = 0
+        while self._queue:
+            turn = self._queue[0]
+            cached = self._cache.match(turn.prompt_ids)
+            uncached = turn.prompt_tokens - cached
+            if batch and uncached_total + uncached >= settings.max_prefill_tokens:
+                break  # SGLang's PrefillAdder: the first request that does not fit ends the batch
+            self._queue.popleft()
+            turn.cached_tokens, turn.batched = cached, True
+            self._capacity.record_prefill(turn.prompt_tokens, cached)
+            batch.append(turn)
+            uncached_total += uncached
+        self._batch = batch
+        seconds = uncached_total / settings.prefill_rate
+        self._capacity.pause_decoding(seconds)
+        asyncio.get_running_loop().call_later(seconds, self._end_batch)
+
+    def _end_batch(self) -> None:
+        """Cache the batch's prompts, as SGLang checkpoints them after the prefill, and let its
+        requests decode; then the next batch, if any request waits."""
+        batch, self._batch = self._batch or [], None
+        for turn in batch:
+            self._cache.insert(turn.prompt_ids)
+            if not turn.done.done():
+                turn.done.set_result(None)
+        self._start_batch()

@@ -8,13 +8,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genfleet.sim.capacity import CapacitySettings
-from genfleet.sim.chunking import DecodeSteps
-from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion, plan_seeded
-from genfleet.sim.continuation import Cut, continuation_tail
+from genfleet.sim.completion import (
+    DEFAULT_REASONING_FORMAT,
+    NO_LOOPS,
+    CompletionPlan,
+    Cut,
+    LengthModel,
+    LoopModel,
+    continuation_tail,
+    plan_completion,
+    plan_seeded,
+)
+from genfleet.sim.engine import DecodeSteps
 from genfleet.sim.faults import FaultSettings
-from genfleet.sim.loops import NO_LOOPS, LoopModel
-from genfleet.sim.reasoning_formats import DEFAULT_REASONING_FORMAT
-from genfleet.sim.request import DEFAULT_MAX_NEW_TOKENS
+from genfleet.sim.requests import DEFAULT_MAX_NEW_TOKENS
 from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR, SimVocab
 
 DEFAULT_CONTEXT_LENGTH = 32768

@@ -22,7 +22,7 @@ from genfleet.doctor.checks import Check, fail, ok
 from genfleet.doctor.plan import TemplateVariant
 
 PROBE_MESSAGES = [{"role": "user", "content": "What is 2 + 2? Answer in one word."}]
-# The parts of a reasoning marker that must be single special tokens (as in sim/reasoning_formats.py).
+# The parts of a reasoning marker that must be single special tokens (as in sim/completion.py).
 SPECIAL_PIECE = re.compile(r"<\|[^|<>]+\|>|</?think>|◁/?think▷")
 MODEL_TOKENIZER_FIX = "pass --tokenizer the model's own directory (the one the server loaded)"
 

@@ -16,7 +16,7 @@ from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
 from genfleet.sim.cli import parse_sim_args
-from genfleet.sim.completion_log import read_completion_log
+from genfleet.sim.server import read_completion_log
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 # 50 tok/s, 2,000-token completions: a request runs for 40 s unless something ends it.

@@ -9,7 +9,7 @@ from helpers.sim_http import FAST, chat, chat_stream, generate, read_chat_stream
 from helpers.sim_plans import FORMATS, QUESTION, THINK_FORMATS, plan, template_ids
 from helpers.sim_process import SimProcess
 
-from genfleet.sim.reasoning_formats import REASONING_FORMAT_NAMES
+from genfleet.sim.completion import REASONING_FORMAT_NAMES
 
 MARKERS = {
     **{name: ("", "</think>") for name in THINK_FORMATS},

@@ -185,7 +185,7 @@ def test_genfleets_abort_request_alone_stops_a_stream_the_client_still_holds_ope
 def test_a_stream_the_client_closes_is_aborted_by_the_server_at_once_not_after_two_seconds(
         cumulative, model, plan_vocab):
     """What makes the worker's close enough on its own with 0.5.23 (the module's docstring), and
-    where genfleet's simulator differs: `sim/aborts.py` lets a closed stream decode on for the 2 s
+    where genfleet's simulator differs: `sim/engine.py` lets a closed stream decode on for the 2 s
     of `create_abort_task` by default."""
     expect = Expectations(model, plan_vocab)
     asked = {"messages": [{"role": "user", "content": "closed [plan forever]"}]}

@@ -12,10 +12,9 @@ from helpers.sim_plans import prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genfleet.sim.chunking import DecodeSteps, chunk_sizes
 from genfleet.sim.cli import parse_sim_args
-from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
-from genfleet.sim.reasoning_formats import REASONING_FORMAT_NAMES
+from genfleet.sim.completion import REASONING_FORMAT_NAMES, CompletionPlan, LengthModel, plan_completion
+from genfleet.sim.engine import DecodeSteps, chunk_sizes
 from genfleet.sim.settings import SimSettings
 from genfleet.sim.vocab import SimVocab
 

@@ -10,12 +10,9 @@ from helpers.sim_plans import FORMATS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genfleet.sim.aborts import ABORTED, ABORTED_WHILE_WAITING, InFlight, RequestControl
 from genfleet.sim.capacity import Capacity, CapacitySettings
-from genfleet.sim.completion import LengthModel
-from genfleet.sim.continuation import Cut, CutCompletions
-from genfleet.sim.loops import LoopModel
-from genfleet.sim.prompts import Opening
+from genfleet.sim.completion import Cut, CutCompletions, LengthModel, LoopModel, Opening
+from genfleet.sim.engine import ABORTED, ABORTED_WHILE_WAITING, InFlight, RequestControl
 from genfleet.sim.settings import SimSettings
 
 PROMPTS = ([100, 200], [100, 200, 7], [100, 200, 7, 8], "hello<think>")

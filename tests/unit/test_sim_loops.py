@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genfleet.sim.cli import parse_sim_args
-from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
-from genfleet.sim.loops import NO_LOOPS, LoopModel
+from genfleet.sim.completion import NO_LOOPS, CompletionPlan, LengthModel, LoopModel, plan_completion
 from genfleet.sim.vocab import SimVocab
 
 PROMPT_TAILS = ([], [7], [7, 8])  # the model opens <think>; the prompt did; thinking off

@@ -13,8 +13,8 @@ from helpers.sim_plans import FORMATS, plan
 from genfleet.common.tokenizer import load_tokenizer
 from genfleet.sim.build_model import EXTRA_SPECIAL_TOKENS, add_extra_special_tokens
 from genfleet.sim.capacity import Capacity, CapacitySettings
-from genfleet.sim.chunking import DecodeSteps
 from genfleet.sim.completion import LengthModel, Opening
+from genfleet.sim.engine import DecodeSteps
 from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 
 

@@ -8,8 +8,8 @@ import time
 import pytest
 from helpers.sim_in_process import generate, served
 
-from genfleet.sim.aborts import ABORTED, ABORTED_WHILE_WAITING
 from genfleet.sim.capacity import Capacity, CapacitySettings
+from genfleet.sim.engine import ABORTED, ABORTED_WHILE_WAITING
 
 LONG = list(range(5000, 6000))  # a prompt no other test prompt shares
 

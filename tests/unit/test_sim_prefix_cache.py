@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from genfleet.sim.prefix_cache import PrefixCache
+from genfleet.sim.capacity import PrefixCache
 
 
 def test_the_longest_cached_prefix_is_found_and_the_last_token_is_always_prefilled():
