@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -137,3 +137,25 @@ def printable_url(url: str) -> str:
     if parts.password is None:
         return url
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+def settings_with(**flags: Any) -> Settings:
+    """The settings from GENFLEET_* env vars, with the flags the user gave (not None) on top."""
+    return Settings(**{name: value for name, value in flags.items() if value is not None})
+
+
+def flower_auth_problem(auth: str | None) -> str | None:
+    """Why GENFLEET_FLOWER_AUTH cannot protect Flower, or None: it must be exactly one `user:password`.
+    Flower splits its basic-auth value on commas, so `admin:abc,xyz` would let a bare `xyz` in."""
+    if not auth:
+        return ("GENFLEET_FLOWER_AUTH is not set: genfleet flower runs only behind basic auth, e.g. "
+                "GENFLEET_FLOWER_AUTH=\"admin:$(openssl rand -hex 16)\"")
+    user, colon, password = auth.partition(":")
+    if "," in auth:
+        return ("GENFLEET_FLOWER_AUTH holds a comma: it must be one user:password (Flower splits the value on "
+                "commas, so each part would be accepted as a credential of its own)")
+    if not colon or not user or not password:
+        return "GENFLEET_FLOWER_AUTH must be user:password, with a user and a password both non-empty"
+    if any(c.isspace() or not c.isprintable() for c in auth):
+        return "GENFLEET_FLOWER_AUTH may not hold spaces or control characters"
+    return None

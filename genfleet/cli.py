@@ -9,8 +9,8 @@ import typer
 from genfleet.demo import demo_command
 from genfleet.doctor.command import doctor_command
 from genfleet.export.cli import export_command
-from genfleet.failures import failures_command, requeue_command
 from genfleet.producer.cli import enqueue_command
+from genfleet.requeue import failures_command, requeue_command
 from genfleet.sim.cli import sim_command
 from genfleet.status.command import status_command
 from genfleet.workers.cli import flower_command, worker_command

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, NoReturn, Optional
 
 import redis
 import typer
 
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.redis_checks import durability_problems
-from genfleet.common.settings import Settings
-from genfleet.workers.generation.stream_http import Origin, UpstreamURLError
+from genfleet.common.settings import flower_auth_problem, settings_with
+from genfleet.workers.generation.stream_http import upstream_problem
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)
@@ -76,32 +76,6 @@ def flower_command(
     create_app(settings).start(argv=argv)
 
 
-def flower_auth_problem(auth: str | None) -> str | None:
-    """Why GENFLEET_FLOWER_AUTH cannot protect Flower, or None: it must be exactly one `user:password`.
-    Flower splits its basic-auth value on commas, so `admin:abc,xyz` would let a bare `xyz` in."""
-    if not auth:
-        return ("GENFLEET_FLOWER_AUTH is not set: genfleet flower runs only behind basic auth, e.g. "
-                "GENFLEET_FLOWER_AUTH=\"admin:$(openssl rand -hex 16)\"")
-    user, colon, password = auth.partition(":")
-    if "," in auth:
-        return ("GENFLEET_FLOWER_AUTH holds a comma: it must be one user:password (Flower splits the value on "
-                "commas, so each part would be accepted as a credential of its own)")
-    if not colon or not user or not password:
-        return "GENFLEET_FLOWER_AUTH must be user:password, with a user and a password both non-empty"
-    if any(c.isspace() or not c.isprintable() for c in auth):
-        return "GENFLEET_FLOWER_AUTH may not hold spaces or control characters"
-    return None
-
-
-def upstream_problem(url: str) -> str | None:
-    """Why `url` is not an SGLang base URL (http:// or https:// and a host), or None."""
-    try:
-        Origin.parse(url)
-    except UpstreamURLError as error:
-        return str(error)
-    return None
-
-
 def warn_about_redis(url: str) -> None:
     """A warning per way the broker may lose prompts (no noeviction, no AOF: common/redis_checks.py).
     Logging is not set up yet (Celery does it), so the lines go to stderr as they are."""
@@ -122,8 +96,3 @@ def usage_error(message: str) -> NoReturn:
     """A one-line error on stderr and exit status 2, like a bad flag."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(2)
-
-
-def settings_with(**flags: Any) -> Settings:
-    """The settings from GENFLEET_* env vars, with the flags the user gave (not None) on top."""
-    return Settings(**{name: value for name, value in flags.items() if value is not None})

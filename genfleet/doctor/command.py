@@ -1,5 +1,11 @@
-"""`genfleet doctor`: the preflight, as one table (or `--json`); exit status 0 when nothing failed
-(warnings allowed), 1 when something did, 2 for a bad flag or run file."""
+"""Runs every check in the order a run depends on its parts: its inputs, Redis, the output
+directory, the tokenizer and its template, then each upstream and a test generation through it.
+A check whose subject is missing (no tokenizer, an upstream down) stands in for the checks that
+would need it: one failure, one row, not a cascade.
+
+`genfleet doctor`: the preflight, as one table (or `--json`); exit status 0 when nothing failed
+(warnings allowed), 1 when something did, 2 for a bad flag or run file.
+"""
 from __future__ import annotations
 
 import json
@@ -11,11 +17,80 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from genfleet.doctor.checks import Check, Status, passed
-from genfleet.doctor.plan import DoctorFlags, PreflightError, resolve_preflight
-from genfleet.doctor.preflight import run_checks
-from genfleet.producer.run_config import RunFileError
+from genfleet.common.reasoning import get_format
+from genfleet.doctor.checks import (
+    Check,
+    Status,
+    fail,
+    generation_check,
+    ok,
+    output_dir_check,
+    passed,
+    probe_template,
+    redis_checks,
+    template_check,
+    tokenizer_check,
+    upstream_check,
+    variant_label,
+)
+from genfleet.doctor.plan import DoctorFlags, Preflight, PreflightError, resolve_preflight
+from genfleet.producer.readers import DatasetReadError, open_dataset
+from genfleet.producer.run_config import (
+    RunFileError,
+)
 from genfleet.workers.cli import usage_error
+from genfleet.workers.generation.client import SglangClient
+
+# Stands in for the datasets when the run file names none, so `resolve` still merges the run file's
+# chat template kwargs and `thinking` exactly as it would for a dataset. Never read.
+TIMEOUT_S = 5.0
+
+
+def run_checks(preflight: Preflight) -> list[Check]:
+    settings = preflight.settings
+    checks = dataset_checks(preflight.datasets)
+    checks += redis_checks(preflight, timeout_s=TIMEOUT_S)
+    checks.append(output_dir_check(settings.output_dir, min_free_disk_mb=settings.min_free_disk_mb))
+    fmt = get_format(settings.reasoning_parser)
+    tokenizer, tokenizer_row = tokenizer_check(settings.tokenizer, fmt)
+    checks.append(tokenizer_row)
+    probes = []
+    for variant in preflight.variants if tokenizer is not None else ():
+        try:
+            probes.append(probe_template(tokenizer, variant, fmt))
+        except Exception as error:  # noqa: BLE001 - a template may raise anything jinja2 can
+            checks.append(fail("chat template" + variant_label(variant), f"rendering failed: {error}",
+                               "fix the chat_template in the tokenizer's tokenizer_config.json"))
+            continue
+        checks.append(template_check(probes[-1], fmt))
+    if not settings.upstreams:
+        return [*checks, fail("upstreams", "none given", "pass --upstream URL (once per host) or GENFLEET_UPSTREAMS")]
+    sglang = SglangClient(max_connections=4, connect_timeout_s=min(settings.connect_timeout_s, TIMEOUT_S),
+                          stall_timeout_s=30.0)
+    try:
+        for url in settings.upstreams:
+            upstream, row = upstream_check(sglang, url, settings, preflight.context_length)
+            checks.append(row)
+            for probe in probes if upstream is not None else ():
+                checks.append(generation_check(sglang, url, upstream.model, tokenizer, probe, settings, fmt))
+    finally:
+        sglang.close()
+    return checks
+
+
+def dataset_checks(datasets: dict[str, str]) -> list[Check]:
+    """The run file's datasets resolve to files the producer can read (their rows are not read)."""
+    checks = []
+    for name, source in datasets.items():
+        try:
+            files = open_dataset(source).files
+        except DatasetReadError as error:
+            checks.append(fail(f"dataset {name}", str(error), "fix its path in the run file"))
+            continue
+        kinds = sorted({kind.name for _, kind in files})
+        checks.append(ok(f"dataset {name}", f"{source}: {len(files)} file(s), {', '.join(kinds)}"))
+    return checks
+
 
 STYLES = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
 

@@ -1,8 +1,7 @@
 """What the run will use, resolved as its own commands resolve it: a flag over the run file over the
 `GENFLEET_*` settings over the defaults. The run file goes through the producer's `resolve`, so the
 doctor checks the queue depths, context length and chat template kwargs that `genfleet enqueue`
-would use, not a second reading of the same file.
-"""
+would use, not a second reading of the same file."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,12 +12,10 @@ from pydantic import ValidationError
 
 from genfleet.common.queues import LONG, SHORT
 from genfleet.common.reasoning import UnknownParserError, get_format
-from genfleet.common.settings import Settings
+from genfleet.common.settings import Settings, settings_with
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, RunFile, load_run_file, resolve
-from genfleet.workers.cli import settings_with, upstream_problem
+from genfleet.workers.generation.stream_http import upstream_problem
 
-# Stands in for the datasets when the run file names none, so `resolve` still merges the run file's
-# chat template kwargs and `thinking` exactly as it would for a dataset. Never read.
 _NO_DATASET = DatasetSpec("doctor", Path("-"))
 
 
@@ -109,3 +106,5 @@ def _validate(settings: Settings, flags: DoctorFlags) -> None:
     if flags.max_queue_depth is not None and flags.max_queue_depth < 0:
         raise PreflightError(f"--max-queue-depth must be at least 0, got {flags.max_queue_depth}")
 
+
+# An operator's command: a Redis or host that does not answer is reported in seconds.

@@ -1,4 +1,7 @@
-"""`genfleet export`: a run's shards, from one or several output roots, become one clean dataset.
+"""What an export was asked to do (`ExportOptions`) and what it found (`ExportReport`, a
+`DatasetTally` per dataset): plain data the exporter fills and the manifest reads.
+
+`genfleet export`: a run's shards, from one or several output roots, become one clean dataset.
 
 One streaming pass: read each shard line → keep the first record of each prompt → count it in the
 stats → filter → format → write (or, with `--shuffle`, spill to random buckets and write after).
@@ -8,24 +11,147 @@ time plus a bit per prompt (dedupe), a count per distinct completion length (sta
 shuffling or grouping samples, one bucket; it does not grow with the number of records.
 Then the dead letters (openai-batch's error file), reconciliation against Redis, the stats and
 `manifest.json`, which says whether the export is complete and hashes every file written.
+
+`manifest.json`: what an export holds, where it came from, whether it is complete, and the
+sha256 of every file written (all but the manifest itself), so a trainer can verify what it reads.
+
+`complete` is false when the export stopped on an error or reconciliation found prompts without a
+record; `verified` is true only when reconciliation against Redis ran and passed.
+
+Per dataset, besides the counts: `looped`, `continued`, `regenerated` (of the unique records read,
+before filters: the loop guard's findings, completions continued past a cut, completions asked again
+with a larger budget) and `samples` (null without `--samples`; else the exported samples: `records`,
+`prompts` they answer, and `per_prompt`, prompts by how many samples they kept, e.g. {"4": 998, "3": 2}),
+`config`, the dataset's generation settings as the producer recorded them (sampling, max_new_tokens per
+partition, ...; null without Redis), and `models`: the unique records (before filters) per model as the
+workers recorded it, `{"model", "revision", "weight_version", "records"}`, most records first; `revision`
+and `weight_version` are the server's own (`/server_info` `revision`, `/model_info` `weight_version`:
+the record's `model_revision`), null where it did not report them or the records predate the field.
+`genfleet_version` is the exporting genfleet's.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
+import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
-from genfleet.common.shards import Shard, ShardError, ShardLine, ShardReader, find_shards
-from genfleet.export.conversation import FormatError, Record
-from genfleet.export.dedupe import SeenRecords
+from genfleet.common.keys import ManifestFields
+from genfleet.common.shards import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
+from genfleet.export.features import LineFeatures
 from genfleet.export.formats import FORMATS, RecordFormatter
-from genfleet.export.reconcile import MissingRow, Reconciler, RunLedger
-from genfleet.export.report import ExportOptions, ExportReport
-from genfleet.export.samples import SampleGroups, prompt_id_of
+from genfleet.export.reconcile import DatasetReconciliation, MissingRow, Reconciler, RunLedger
+from genfleet.export.records import FormatError, Record, RecordFilters, SampleGroups, SeenRecords, looped, prompt_id_of
 from genfleet.export.sinks import BucketShuffle, HashedFile, OutputFiles, WrittenFile
+from genfleet.export.stats import RunStats
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    run: str
+    sources: tuple[Path, ...]
+    out: Path
+    format: str
+    filters: RecordFilters = field(default_factory=RecordFilters)
+    shuffle: bool = False
+    seed: int = 0
+    max_records_per_file: int | None = None
+    per_dataset: bool = True
+    merged: bool = True
+    # Memory for one bucket read back from disk: the shuffle's, and sample grouping's.
+    shuffle_buffer_bytes: int = 256 << 20
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "format": self.format, "sources": [str(source.resolve()) for source in self.sources],
+            "drop_truncated": self.filters.drop_truncated, "drop_looped": self.filters.drop_looped,
+            "require_reasoning": self.filters.require_reasoning,
+            "min_content_chars": self.filters.min_content_chars, "shuffle": self.shuffle,
+            "seed": self.seed if self.shuffle else None, "max_records_per_file": self.max_records_per_file,
+            "per_dataset": self.per_dataset, "merged": self.merged,
+        }
+
+
+@dataclass
+class DatasetTally:
+    """What the shards held for one dataset, and what became of it."""
+    records: int = 0  # unique records read
+    duplicates: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    exported: int = 0  # records exported (each sample counts: a grouped line holds several)
+    torn_lines: int = 0
+    # Every record's id is `{dataset}/{row}`: the dataset has no ids of its own, so a missing
+    # row's id is known too.
+    index_keyed: bool = True
+    # Of the unique records read (before filters): what the loop guard and truncation handling did.
+    looped: int = 0
+    continued: int = 0
+    regenerated: int = 0
+    # Exported samples per prompt (`--samples N`): samples in a prompt -> prompts; empty without samples.
+    samples_per_prompt: Counter[int] = field(default_factory=Counter)
+    # Unique records per (model, revision, weight version) as the workers recorded them (`model_revision`).
+    models: Counter[tuple[str, str | None, str | None]] = field(default_factory=Counter)
+
+    def count_kind(self, record: Record) -> None:
+        self.looped += looped(record)
+        self.continued += bool(record.get("continued"))
+        self.regenerated += bool(record.get("regenerated"))
+        served = record.get("model_revision") or {}
+        model = (record.get("model") or "", served.get("revision"), served.get("weight_version"))
+        if model in self.models or len(self.models) < 100:  # a few per run; never unbounded
+            self.models[model] += 1
+
+    def samples_summary(self) -> dict[str, Any] | None:
+        """{"records", "prompts", "per_prompt": {samples: prompts}}; None where nothing was sampled."""
+        if not self.samples_per_prompt:
+            return None
+        per_prompt = self.samples_per_prompt
+        return {"records": sum(size * prompts for size, prompts in per_prompt.items()),
+                "prompts": sum(per_prompt.values()),
+                "per_prompt": {str(size): per_prompt[size] for size in sorted(per_prompt)}}
+
+
+@dataclass
+class ExportReport:
+    options: ExportOptions
+    tallies: dict[str, DatasetTally] = field(default_factory=dict)
+    stats: RunStats = field(default_factory=RunStats)
+    models: Counter[str] = field(default_factory=Counter)
+    torn: list[TornLine] = field(default_factory=list)
+    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    files: list[WrittenFile] = field(default_factory=list)
+    reconciliation: list[DatasetReconciliation] | None = None  # None: not checked
+    missing_rows: int = 0
+    error: str | None = None
+    histogram: bool = False  # stats.png written
+    # The shape of every line written, per dataset: its lines and its error file's (the card's features).
+    features: LineFeatures = field(default_factory=LineFeatures)
+    error_features: LineFeatures = field(default_factory=LineFeatures)
+
+    def tally(self, dataset: str) -> DatasetTally:
+        tally = self.tallies.get(dataset)
+        if tally is None:
+            tally = self.tallies[dataset] = DatasetTally()
+        return tally
+
+    @property
+    def problems(self) -> list[str]:
+        found = [self.error] if self.error else []
+        for finding in self.reconciliation or []:
+            found += finding.problems
+        return found
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
 
 MANIFEST = "manifest.json"
 MISSING = "missing.jsonl"
@@ -259,3 +385,119 @@ def _hashed(path: Path, records: int) -> WrittenFile:
             digest.update(chunk)
     return WrittenFile(path, records, path.stat().st_size, digest.hexdigest())
 
+
+MANIFEST_VERSION = 1
+_COUNTS = ("input", "done", "dead", "rejected", "skipped")
+_SUMMED = (*_COUNTS, "records", "duplicates_dropped", "filtered", "exported", "torn_lines", "looped", "continued",
+           "regenerated")
+
+
+def build_manifest(report: ExportReport, ledger: RunLedger | None, tokenizer_dir: str | None) -> dict[str, Any]:
+    options = report.options
+    config = ledger.config if ledger is not None else {}
+    datasets: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(ledger.counts if ledger else {}) | set(report.tallies)):
+        counts = ledger.counts.get(name) if ledger is not None else None
+        tally = report.tallies.get(name) or DatasetTally()
+        datasets[name] = {
+            **{key: getattr(counts, key) if counts is not None else None for key in _COUNTS},
+            "records": tally.records,
+            "duplicates_dropped": tally.duplicates,
+            "filtered": sum(tally.filtered.values()),
+            "filtered_by_reason": dict(sorted(tally.filtered.items())),
+            "exported": tally.exported,
+            "torn_lines": tally.torn_lines,
+            "looped": tally.looped,
+            "continued": tally.continued,
+            "regenerated": tally.regenerated,
+            "samples": tally.samples_summary(),
+            "config": (ledger.dataset_config(name) or None) if ledger is not None else None,
+            "models": _models(tally),
+        }
+    models = sorted(model for model in report.models if model)
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "run": options.run,
+        "complete": report.complete,
+        "verified": report.reconciliation is not None and report.complete,
+        "problems": report.problems,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "genfleet_version": _genfleet_version(),
+        "options": options.describe(),
+        # A --from root without the run: a typo, or a host that wrote none of it.
+        "sources_without_run": [str(source.resolve()) for source in options.sources
+                                if not (source / options.run).is_dir()],
+        "config_hash": ledger.manifest.get(ManifestFields.CONFIG_HASH) if ledger is not None else None,
+        "model": models[0] if len(models) == 1 else models,
+        "tokenizer": {
+            "dir": tokenizer_dir or (ledger.manifest.get(ManifestFields.TOKENIZER_DIR) if ledger else None),
+            "fingerprint": config.get("tokenizer"),
+        },
+        "reasoning_parser": config.get("reasoning_parser"),
+        "datasets": datasets,
+        "totals": {**{key: _sum(row.get(key) for row in datasets.values()) for key in _SUMMED},
+                   "samples": _all_samples(report)},
+        "torn_lines": [{"file": str(torn.path), "line": torn.line, "bytes": torn.size} for torn in report.torn],
+        "duplicates": {"dropped": sum(t.duplicates for t in report.tallies.values()),
+                       "examples": report.duplicate_examples},
+        "reconciliation": _reconciliation(report),
+        "stats": report.stats.summary(),
+        "files": [file_entry(file, options.out) for file in report.files],
+    }
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
+    """Written last and atomically: a manifest present is a manifest whole."""
+    path = out / MANIFEST
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def file_entry(file: WrittenFile, out: Path) -> dict[str, Any]:
+    """A written file as the manifest lists it."""
+    return {"path": _relative(file.path, out), "records": file.records, "bytes": file.bytes, "sha256": file.sha256}
+
+
+def _genfleet_version() -> str | None:
+    try:
+        return version("genfleet")  # the installed distribution's (pyproject.toml's)
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+
+
+def _reconciliation(report: ExportReport) -> dict[str, Any]:
+    if report.reconciliation is None:
+        return {"checked": False}
+    return {
+        "checked": True,
+        "ok": all(finding.ok for finding in report.reconciliation),
+        "missing_rows": report.missing_rows,
+        "missing_file": MISSING if report.missing_rows else None,
+        "datasets": {finding.dataset: finding.to_dict() for finding in report.reconciliation},
+    }
+
+
+def _models(tally: DatasetTally) -> list[dict[str, Any]]:
+    return [{"model": model, "revision": revision, "weight_version": weight_version, "records": records}
+            for (model, revision, weight_version), records in tally.models.most_common()]
+
+
+def _all_samples(report: ExportReport) -> dict[str, Any] | None:
+    every = DatasetTally()
+    for tally in report.tallies.values():
+        every.samples_per_prompt.update(tally.samples_per_prompt)
+    return every.samples_summary()
+
+
+def _sum(values: Any) -> int | None:
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

@@ -23,7 +23,7 @@ from typing import Any
 from genfleet.common import run_state
 from genfleet.common.keys import ManifestFields
 from genfleet.common.run_state import DeadLetter, RunState
-from genfleet.export.dedupe import SeenRecords
+from genfleet.export.records import SeenRecords
 
 EXAMPLES = 20  # missing rows shown per dataset in the manifest and on the console
 

@@ -16,7 +16,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from genfleet.export.conversation import Record, generated_turns
+from genfleet.export.records import Record, generated_turns
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genfleet.status.snapshot import RunStatus
+from genfleet.status.read_model import RunStatus
 
 # Shares of a dataset's completions, once it has a few.
 EMPTY_REASONING_ALARM = 0.05

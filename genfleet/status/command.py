@@ -6,6 +6,7 @@ what is flagged in `alarms`.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Annotated
 
@@ -16,11 +17,11 @@ from rich.markup import escape
 from rich.text import Text
 
 from genfleet.common.run_state import connect
-from genfleet.common.settings import Settings, printable_url
+from genfleet.common.settings import Settings, flower_auth_problem, printable_url
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
 from genfleet.status.read_model import read_status
-from genfleet.status.render import render, status_json
-from genfleet.status.terminal import keys_not_echoed, status_console
+from genfleet.status.render import keys_not_echoed, render, status_console, status_json
+from genfleet.workers.cli import usage_error
 
 WATCH_INTERVAL_S = 2.0
 # An operator's command: an unreachable Redis is reported in seconds, not after the workers' two
@@ -46,8 +47,6 @@ def status_command(
     """Per-dataset progress, rates, completion lengths, ETA and alarms of a run."""
     url = redis_url or Settings().redis_url
     if serve is not None:
-        from genfleet.status.page import serve_page
-
         serve_page(url, run, port=serve, bind=bind, flower_url=flower_url, auth=Settings().flower_auth,
                    settings=AlarmSettings(no_progress_s=no_progress_minutes * 60), redis_timeout_s=REDIS_TIMEOUT_S)
         return
@@ -101,3 +100,32 @@ def _watch(client: redis.Redis, run: str, console: Console, first: RenderableTyp
                                      f"{WATCH_INTERVAL_S:.0f} s)", style="red"))
         except KeyboardInterrupt:  # how a watch ends: leave the last table, exit 0, no traceback
             pass
+
+
+def serve_page(redis_url: str, run: str, *, port: int, bind: str, flower_url: str, auth: str | None,
+               settings: AlarmSettings, redis_timeout_s: float) -> None:
+    """The `--serve` branch of `genfleet status`: checks the flags and the auth rule, listens, serves."""
+    # Starlette and uvicorn load only when serving.
+    from genfleet.status.page import LOOPBACK_NAMES, create_app, flower_url_problem, is_loopback, listen, serve
+
+    if problem := flower_url_problem(flower_url):
+        usage_error(f"--flower-url {problem}")
+    loopback = is_loopback(bind)
+    if not loopback and not auth:
+        usage_error(f"--bind {bind} is not a loopback address: the status page is served beyond this machine only "
+                    "behind basic auth, as Flower is: set GENFLEET_FLOWER_AUTH=user:password, or keep --bind 127.0.0.1")
+    if auth and (problem := flower_auth_problem(auth)):
+        usage_error(problem)
+    try:
+        sock = listen(bind, port)
+    except OSError as error:
+        print(f"error: --serve {port} --bind {bind}: cannot listen there: {error.strerror or error}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    bare = bind.strip("[]")
+    where = f"[{bare}]" if ":" in bare else bare  # as a URL and a Host header name it
+    hosts = None if auth else sorted({*LOOPBACK_NAMES, where})
+    app = create_app(connect(redis_url, timeout_s=redis_timeout_s), run, flower_url=flower_url.rstrip("/"),
+                     settings=settings, auth=auth, hosts=hosts)
+    print(f"genfleet status: run {run} on http://{where}:{port}/ (JSON: /api/status.json"
+          f"{', basic auth from GENFLEET_FLOWER_AUTH' if auth else ''}); Ctrl-C stops", flush=True)
+    serve(app, sock)

@@ -1,4 +1,18 @@
-"""Where a run stands, read from Redis: counters per dataset, queue depths, rates over the last 1 and
+"""What `genfleet status` knows about a run at one moment, as plain frozen data: progress counters
+per dataset, throughput per window, completion-length statistics, partitions, upstreams, ETAs.
+
+No Redis here: `read_model` fills these from Redis, `alarms` and `render` only read them, so tests
+can build them by hand.
+
+A run's throughput minute by minute over the last hour, for the status page's charts.
+
+Read through `common.rates.read_rates`, the one reader of the rate buckets: asked for windows of
+1, 2, ... 60 minutes ending now, the difference between two consecutive windows is one minute's
+worth (`read_rates` spreads a bucket's counts evenly over its elapsed part, so the minutes slide
+with now, like the table's "1m" column). One pipelined read of the 61 buckets; the buckets expire
+after two hours (`common/keys.py`), so an hour is always there.
+
+Where a run stands, read from Redis: counters per dataset, queue depths, rates over the last 1 and
 10 minutes, completion-length histograms, tasks in flight and upstream health from the workers'
 beacons, and an ETA per dataset, assembled into a `RunStatus` (`snapshot`). `genfleet status`, the
 demo, the tests and the bench read it from here.
@@ -8,7 +22,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -19,16 +34,186 @@ from genfleet.common.queues import PARTITIONS
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.run_state import RunState
 from genfleet.status.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
-from genfleet.status.snapshot import (
-    DatasetProgress,
-    DatasetStatus,
-    LengthStats,
-    PartitionStatus,
-    RunProgress,
-    RunStatus,
-    Throughput,
-    UpstreamStatus,
-)
+
+if TYPE_CHECKING:
+    from genfleet.common.fleet_stats import WindowCounts
+
+
+@dataclass(frozen=True)
+class DatasetProgress:
+    dataset: str
+    total: int
+    done: int
+    failed: int
+    rejected: int
+    skipped: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    truncated: int
+    empty_reasoning: int
+    empty_content: int
+    aborted: int
+    integrity: int
+    # Newer counters (the loop guard, truncation handling): 0 where a run predates them, and
+    # defaulted so a progress built by hand without them still reads.
+    looped: int = 0
+    looped_tokens: int = 0  # completion tokens the looped completions cost
+    continued: int = 0
+    regenerated: int = 0
+
+    @property
+    def pending(self) -> int:
+        return max(self.total - self.done - self.failed - self.skipped, 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.pending == 0
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    run: str
+    datasets: list[DatasetProgress]
+    queued: dict[str, int]  # messages waiting per queue (all runs share the queues)
+    unacked: int  # messages delivered to workers, not yet acknowledged
+
+    @property
+    def finished(self) -> bool:
+        return all(d.finished for d in self.datasets)
+
+    def totals(self) -> DatasetProgress:
+        fields = {name: sum(getattr(d, name) for d in self.datasets)
+                  for name in DatasetProgress.__dataclass_fields__ if name != "dataset"}
+        return DatasetProgress(dataset="all", **fields)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    req_per_min: float
+    tok_per_s: float
+    stream_tok_s: float  # one request's decode speed (tokens per second of request time)
+    requests: float  # prompts finished in the window
+    errors: float  # failed attempts in the window
+    error_share: float | None  # of all attempts that ended in the window
+
+    @classmethod
+    def of(cls, counts: WindowCounts | None) -> Throughput:
+        if counts is None:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0, None)
+        return cls(counts.req_per_min, counts.tok_per_s, counts.stream_tok_s, counts.requests, counts.errors,
+                   counts.error_share)
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    samples: int
+    median: float | None
+    mean: float | None  # exact (token counters) where the counters allow
+    p99: float | None
+
+    @classmethod
+    def of(cls, histogram: LengthHistogram, exact_mean: float | None = None) -> LengthStats:
+        return cls(histogram.samples, histogram.quantile(0.5),
+                   exact_mean if exact_mean is not None else histogram.mean(), histogram.quantile(0.99))
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    progress: DatasetProgress
+    done_by_partition: dict[str, int]
+    in_flight: int
+    rates: dict[str, Throughput]  # window name ("1m", "10m") -> throughput
+    lengths: LengthStats
+    eta: Eta | None
+
+    @property
+    def name(self) -> str:
+        return self.progress.dataset
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: str
+    queued: int  # messages waiting in its queue (all runs)
+    in_flight: int  # this run's tasks executing on its workers
+    slots: int  # task slots of its live workers
+    workers: int
+    rates: dict[str, Throughput]
+
+
+@dataclass(frozen=True)
+class UpstreamStatus:
+    url: str
+    workers: int  # live workers routing to it
+    down_in: int  # of those, how many have its circuit open
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run: str
+    time: float
+    progress: RunProgress
+    datasets: list[DatasetStatus]
+    partitions: list[PartitionStatus]
+    upstreams: list[UpstreamStatus]
+    workers: int  # live workers (fresh beacon), any run
+    created_at: float | None  # first enqueue
+    first_finished: float | None
+    last_finished: float | None
+    totals: DatasetStatus = field(repr=False)
+    # "worker: problem" for each live worker that cannot write its shards
+    disk_problems: list[str] = field(default_factory=list)
+    # Dataset -> prompts neither queued, running, done, dead, rejected nor skipped: their message is
+    # lost (found by the workers' check, workers/delivery.py)
+    unaccounted: dict[str, int] = field(default_factory=dict)
+    # Ways this Redis may lose the run's state (no noeviction, no AOF), or that they could not be checked
+    redis_problems: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.progress.finished
+
+
+MINUTES = 60
+
+
+@dataclass(frozen=True)
+class MinuteRate:
+    ago_min: int  # the minute ending `ago_min` minutes before now (0: the last 60 s)
+    req_per_min: float
+    tok_per_s: float
+    errors: float  # failed attempts in it
+    seconds: float = 60.0  # what the rates are averaged over: less in the minute the run began
+
+
+def read_minutes(client: redis.Redis, run: str, now: float, since: float | None = None,
+                 minutes: int = MINUTES) -> list[MinuteRate]:
+    """The whole run's (every dataset and partition) last `minutes` minutes, oldest first. A minute
+    that began before `since` (the run's start) is averaged over its part after it, as `read_rates`
+    does for `status`'s columns: a run 10 s old shows its rate, not a sixth of it."""
+    windows = [60 * k for k in range(1, minutes + 1)]
+    per_key = fleet_stats.read_rates(client, run, since=None, now=now, windows=windows)
+    cumulative = {window: fleet_stats.WindowCounts(float(window)) for window in windows}
+    for per_window in per_key.values():
+        for window, counts in per_window.items():
+            cumulative[window] = cumulative[window].plus(counts)
+    series = []
+    previous = fleet_stats.WindowCounts(0.0)
+    for k, window in enumerate(windows):
+        counts = cumulative[window]
+        end = now - 60 * k
+        seconds = 60.0 if since is None else min(60.0, max(end - since, 1.0))
+        # Rounding of the spread-out buckets can leave a hair below zero.
+        requests = max(counts.requests - previous.requests, 0.0)
+        tokens = max(counts.tokens - previous.tokens, 0.0)
+        errors = max(counts.errors - previous.errors, 0.0)
+        series.append(MinuteRate(ago_min=k, req_per_min=60 * requests / seconds, tok_per_s=tokens / seconds,
+                                 errors=errors, seconds=seconds))
+        previous = counts
+    return series[::-1]
+
 
 WINDOW_NAMES = {60: "1m", 600: "10m"}
 

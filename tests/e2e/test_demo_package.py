@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import REPO
 
-from genfleet.sample_data import BAD_LINES, DATASETS, good_rows
+from genfleet.demo import BAD_LINES, DATASETS, good_rows
 
 VERSION = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
 # The source folders, and the one namespace they install as (pyproject.toml's package-dir).

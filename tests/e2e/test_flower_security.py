@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from genfleet.cli import app as cli_app
 from genfleet.common.queues import GENERATE_TASK, PARTITIONS
-from genfleet.workers.cli import flower_auth_problem
+from genfleet.common.settings import flower_auth_problem
 
 EVIL = "http://evil.example"
 # What the page would have Flower send: a task whose names leave the output root (see test_names).

@@ -22,8 +22,7 @@ from helpers.waits import wait_until
 
 from genfleet.common.run_state import RunState
 from genfleet.status.eta import FLEET, Eta
-from genfleet.status.page import read_page
-from genfleet.status.page_view import page_fragment
+from genfleet.status.page import page_fragment, read_page
 from genfleet.status.read_model import read_status
 from genfleet.status.render import status_json
 

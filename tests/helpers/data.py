@@ -5,7 +5,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from genfleet.sample_data import dataset_args, write_datasets
+from genfleet.demo import dataset_args, write_datasets
 
 
 def write_jsonl(path: Path, rows: Iterable[dict | str]) -> Path:

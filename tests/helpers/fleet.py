@@ -11,8 +11,7 @@ from pathlib import Path
 
 import redis
 
-from genfleet.status.read_model import read_progress
-from genfleet.status.snapshot import RunProgress
+from genfleet.status.read_model import RunProgress, read_progress
 from helpers.data import read_jsonl
 from helpers.paths import TOKENIZER
 from helpers.waits import wait_until

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from genfleet.doctor.redis_checks import version_check
+from genfleet.doctor.checks import version_check
 
 
 @pytest.mark.parametrize(("version", "passes"), [("6.0.16", False), ("5.0.7", False), ("6.2.0", True),

@@ -6,9 +6,8 @@ import pytest
 from helpers.paths import TOKENIZER
 
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
-from genfleet.export.formats import specforge_line
+from genfleet.export.formats import TokenizedFormat, specforge_line
 from genfleet.export.sinks import BucketShuffle
-from genfleet.export.tokenized import TokenizedFormat
 from genfleet.sim.completion import LengthModel, plan_completion
 from genfleet.sim.vocab import SimVocab
 

@@ -12,9 +12,8 @@ from helpers.data import read_jsonl
 from helpers.export_runs import run_export
 
 from genfleet.common.records import CompletionRecord, Timing, Usage
-from genfleet.export.dedupe import SeenRecords
 from genfleet.export.formats import openai_line, specforge_line
-from genfleet.export.samples import SampleGroups
+from genfleet.export.records import SampleGroups, SeenRecords
 
 RUN = "r"
 LOOP = {"period": 3, "repeats": 40, "start": 12, "at_token": 132}

@@ -63,3 +63,31 @@ def test_each_package_imports_only_what_the_layering_allows(package):
                   if target not in ALLOWED[package]]
     assert checked, f"no modules found under {package}/"
     assert not wrong, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(wrong)
+
+
+# The command-line modules: a command's flags, messages and exit codes. What another module needs
+# of one (a setting's rule, a URL check) lives with its concept instead.
+CLI_NAMES = ("cli", "command", "__main__")
+
+
+def imported_modules(module: Module) -> list[tuple[int, str]]:
+    """(line, dotted module) of every `genfleet` import, those inside functions included."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [(node.lineno, node.module)]
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith("genfleet.")]
+
+
+def test_no_cli_module_is_imported_by_a_module_that_is_not_one():
+    wrong = []
+    for package in PRODUCT:
+        for module in modules(package):
+            if module.path.stem in CLI_NAMES:
+                continue
+            wrong += [f"{module.path}:{line} imports {name}" for line, name in imported_modules(module)
+                      if name.rsplit(".", 1)[-1] in CLI_NAMES]
+    assert not wrong, "a command-line module serves as a library:\n" + "\n".join(wrong)

@@ -11,9 +11,16 @@ import redis
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Usage
 from genfleet.common.run_state import Outcome, RunState
 from genfleet.status.alarms import DEFAULT_ALARMS, LOOP_ALARM, AlarmSettings, alarms
-from genfleet.status.read_model import read_progress
+from genfleet.status.read_model import (
+    DatasetProgress,
+    DatasetStatus,
+    LengthStats,
+    RunProgress,
+    RunStatus,
+    Throughput,
+    read_progress,
+)
 from genfleet.status.render import dataset_json, dataset_table, status_json
-from genfleet.status.snapshot import DatasetProgress, DatasetStatus, LengthStats, RunProgress, RunStatus, Throughput
 from genfleet.workers import telemetry
 from genfleet.workers.telemetry import METRICS
 

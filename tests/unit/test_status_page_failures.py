@@ -5,8 +5,7 @@ from __future__ import annotations
 from genfleet.common.keys import RunKeys
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import DeadLetter
-from genfleet.status.page import read_failures
-from genfleet.status.page_view import _failures
+from genfleet.status.page import _failures, read_failures
 
 
 def letter(row: int) -> DeadLetter:

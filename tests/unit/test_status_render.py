@@ -12,8 +12,7 @@ import pytest
 from rich.console import Console
 
 from genfleet.status.eta import FLEET, OWN, Eta
-from genfleet.status.render import fitted_dataset_table, render, short_count
-from genfleet.status.snapshot import (
+from genfleet.status.read_model import (
     DatasetProgress,
     DatasetStatus,
     LengthStats,
@@ -23,7 +22,7 @@ from genfleet.status.snapshot import (
     Throughput,
     UpstreamStatus,
 )
-from genfleet.status.terminal import STATUS_WIDTH, WIDE_WIDTH, status_console
+from genfleet.status.render import STATUS_WIDTH, WIDE_WIDTH, fitted_dataset_table, render, short_count, status_console
 
 BUSY = {"1m": Throughput(12_345.0, 123_456.0, 40.0, 12_345.0, 3.0, 0.0), "10m": Throughput(11_000.0, 99_000.0, 41.0,
                                                                                          110_000.0, 20.0, 0.0)}

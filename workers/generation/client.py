@@ -64,7 +64,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -504,9 +504,6 @@ def _reported(value: Any) -> str | None:
     """A value as the server reported it; None where it is missing or not a string."""
     return value if isinstance(value, str) else None
 
-
-if TYPE_CHECKING:
-    from genfleet.workers.generation.client import StreamWatch
 
 log = logging.getLogger(__name__)
 

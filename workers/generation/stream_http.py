@@ -310,3 +310,12 @@ class StreamResponse:
             return b""
         self.complete = self._response.isclosed()
         return body
+
+
+def upstream_problem(url: str) -> str | None:
+    """Why `url` is not an SGLang base URL (http:// or https:// and a host), or None."""
+    try:
+        Origin.parse(url)
+    except UpstreamURLError as error:
+        return str(error)
+    return None
