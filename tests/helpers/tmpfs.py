@@ -24,18 +24,27 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 def fill(path: Path, leave_bytes: int = 0) -> Path:
-    """Takes all free space on `path`'s file system (but `leave_bytes`) with one file; returns it."""
+    """Takes all free space on `path`'s file system (but `leave_bytes`) with one file; returns it.
+
+    Something else may be writing there meanwhile (the worker under test, on a busy machine): the
+    disk filling up before the free space counted at the start is taken is the aim, not an error.
+    Unbuffered, so no write is left pending for `close` to fail on."""
+    import errno
     import os
 
     filler = path / ".filler"
     stats = os.statvfs(path)
     free = stats.f_bavail * stats.f_frsize - leave_bytes
-    with open(filler, "ab") as handle:
+    with open(filler, "ab", buffering=0) as handle:
         chunk = b"\0" * 65536
         while free > 0:
             try:
-                free -= handle.write(chunk[: min(len(chunk), free)])
-                handle.flush()
-            except OSError:
+                written = handle.write(chunk[: min(len(chunk), free)])
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
                 break
+            if not written:
+                break
+            free -= written
     return filler
