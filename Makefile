@@ -127,5 +127,9 @@ oracle: $(ORACLE_VENV)/.installed
 	$(ORACLE_PY) -m pytest -q -p no:cacheprovider oracle
 
 # ruff, configured in pyproject.toml; CI runs it before the tests.
+# ruff, then vulture: a definition nothing uses fails the lint (what a framework reads by name is in
+# lint/vulture_allowlist.py, with who reads it). Tests, benches and the oracle count as users.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/vulture common producer workers sim genfleet tests bench oracle examples lint \
+	    --min-confidence 60 --exclude "sim/model"

@@ -18,11 +18,6 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime) / CLOCK_TICKS
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """`cpu_seconds` of a process and its live descendants (a worker's pool children, if any)."""
-    return sum(cpu_seconds(p) for p in _tree(pid) if Path(f"/proc/{p}").exists())
-
-
 def peak_rss_bytes(pid: int) -> int:
     """VmHWM: the process's resident set high-water mark."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -77,21 +72,3 @@ def wait_with_usage(process: subprocess.Popen, timeout: float | None = None) -> 
     process.returncode = os.waitstatus_to_exitcode(status)
     return Exit(returncode=process.returncode, cpu_s=usage.ru_utime + usage.ru_stime,
                 max_rss_bytes=usage.ru_maxrss * 1024)
-
-
-def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += children.get(current, [])
-    return found

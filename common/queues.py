@@ -1,11 +1,14 @@
 """The Celery contract shared by producer, workers and Flower: queue names, exchanges, task name."""
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from kombu import Exchange, Queue
 
-SHORT = "short"
-LONG = "long"
-PARTITIONS = (SHORT, LONG)
+Partition = Literal["short", "long"]
+SHORT: Partition = "short"
+LONG: Partition = "long"
+PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 
 # Requests in flight per SGLang host, per pool: long prompts hold far more KV cache each.
 IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}

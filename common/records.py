@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import msgpack
+from typing import Any, Literal, get_args
 
 Message = dict[str, Any]
+
+# The policy vocabularies, each defined here once: the producer's flags and run file, the settings,
+# the workers and the records use these (`choices` lists a vocabulary's values, for a check or a
+# help text). The queue names are `common.queues.Partition`.
+Regenerate = Literal["last", "all"]  # reply to the last prompt, or regenerate every assistant turn
+LoopGuard = Literal["abort", "flag", "off"]
+OnTruncated = Literal["keep", "continue", "regenerate"]
+Routing = Literal["affinity", "least-busy"]
+Api = Literal["generate", "chat"]
+ContextRule = Literal["reserve", "clip"]  # a prompt too long for the context: refused, or cut
+
+
+def choices(vocabulary: Any) -> tuple[str, ...]:
+    """The values of one of the vocabularies above, in their order."""
+    return get_args(vocabulary)
 
 
 @dataclass
@@ -31,7 +44,7 @@ class TaskPayload:
     # Store the generated token ids in the record (token-exact training data).
     keep_token_ids: bool = False
     # "last": reply to the prompt in `messages`; "all": regenerate every assistant turn.
-    regenerate: str = "last"
+    regenerate: Regenerate = "last"
     # Completion tokens the whole dataset may generate (workers skip prompts past it); None: no cap.
     max_tokens_per_dataset: int | None = None
     # The upstream the previous attempt failed on: a retry prefers another one.
@@ -39,10 +52,10 @@ class TaskPayload:
     # `--samples N` > 1: this task is sample k of its prompt (id "{prompt id}#{k}", its own row slot).
     sample: int | None = None
     # `--loop-guard`: "abort" stops a degenerate repetition at once, "flag" marks it, "off" ignores it.
-    loop_guard: str = "abort"
+    loop_guard: LoopGuard = "abort"
     # `--on-truncated`: what a completion cut at max_new_tokens becomes ("keep", "continue",
     # "regenerate"); `max_new_tokens_total` caps the completion over all its parts.
-    on_truncated: str = "keep"
+    on_truncated: OnTruncated = "keep"
     max_new_tokens_total: int | None = None
     # The parts already generated of a continued completion (`Continuation.to_dict()`); None for
     # a first request.
@@ -65,13 +78,6 @@ class TaskPayload:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskPayload:
         return cls(**data)
-
-    def to_msgpack(self) -> bytes:
-        return msgpack.packb(self.to_dict(), use_bin_type=True)
-
-    @classmethod
-    def from_msgpack(cls, data: bytes) -> TaskPayload:
-        return cls.from_dict(msgpack.unpackb(data, raw=False))
 
 
 @dataclass

@@ -112,7 +112,6 @@ TRANSIENT = "transient"
 PERMANENT = "permanent"
 EXHAUSTED = "exhausted"
 INTEGRITY = "integrity"
-DEAD_LETTER_CLASSES = (PERMANENT, EXHAUSTED, INTEGRITY)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
+from genfleet.common.records import Api, Routing
 
 
 class Settings(BaseSettings):
@@ -29,13 +30,13 @@ class Settings(BaseSettings):
     upstreams: Annotated[list[str], NoDecode] = []
     # "affinity": prompts sharing a prefix go to the same host, for its prefix cache, within a load
     # bound; "least-busy": every request to the host with the fewest in flight (workers/upstreams.py).
-    routing: Literal["affinity", "least-busy"] = "affinity"
+    routing: Routing = "affinity"
     # The queue a worker consumes, and its requests in flight (None: `in_flight()`'s default).
     pool: Literal["short", "long"] = "short"
     concurrency: int | None = None
     # "generate": native /generate with the producer's token ids (exact, the default);
     # "chat": /v1/chat/completions, the server templates and splits reasoning itself.
-    api: Literal["generate", "chat"] = "generate"
+    api: Api = "generate"
     # The model's tokenizer directory on the worker host. With it, reasoning is split on the
     # generated token ids (independent of skip_special_tokens) and `--regenerate all` can template
     # each turn for /generate.

@@ -40,7 +40,7 @@ def _print_version(requested: bool) -> None:
 
 @app.callback()
 def _options(
-    show_version: Annotated[bool, typer.Option(
+    _version: Annotated[bool, typer.Option(
         "--version", callback=_print_version, is_eager=True, help="Print genfleet's version and exit.")] = False,
 ) -> None:
     pass

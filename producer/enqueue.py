@@ -76,7 +76,6 @@ def enqueue_dataset(dataset: DatasetConfig, config: RunConfig, run: str, *, temp
             if on_rows is not None:
                 on_rows(len(batch))
             if cut:
-                report.cut_at_max_prompts = True
                 break
         if in_flight is not None:
             _account(report, in_flight.result())

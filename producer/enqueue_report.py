@@ -75,7 +75,6 @@ class DatasetReport:
     rejected_by_kind: Counter = field(default_factory=Counter)
     rejections: list[RowRejection] = field(default_factory=list)
     rows_read: int = 0
-    cut_at_max_prompts: bool = False
     # Per partition, of the prompts accepted in this pass (what was or would be enqueued).
     prompt_tokens: dict[str, array] = field(default_factory=lambda: {p: array("I") for p in PARTITIONS})
     message_bytes: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PARTITIONS})

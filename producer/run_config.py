@@ -39,12 +39,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genfleet.common.names import name_problem
-from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS
+from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS, Partition
+from genfleet.common.records import ContextRule, LoopGuard, OnTruncated, Regenerate, choices
 from genfleet.common.settings import Settings
 from genfleet.producer.prompts import ROW_FORMATS, RowFormat
 
@@ -137,11 +138,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-Partition = Literal["short", "long"]
-ContextRule = Literal["reserve", "clip"]
-Regenerate = Literal["last", "all"]
-LoopGuard = Literal["abort", "flag", "off"]
-OnTruncated = Literal["keep", "continue", "regenerate"]
 
 
 class RunFileError(ValueError):
@@ -227,9 +223,6 @@ def _resolve_paths(parsed: RunFile, base: Path) -> RunFile:
 
 
 T = TypeVar("T")
-CONTEXT_RULES = ("reserve", "clip")
-LOOP_GUARDS = ("abort", "flag", "off")
-ON_TRUNCATED = ("keep", "continue", "regenerate")
 
 
 class ConfigError(ValueError):
@@ -361,13 +354,13 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
     if not tokenizer:
         raise ConfigError("no tokenizer: pass --tokenizer DIR (or `tokenizer = \"DIR\"` in the run file)")
     context_rule = _first(cli.context_rule, top.context_rule, "reserve")
-    if context_rule not in CONTEXT_RULES:
-        raise ConfigError(f"--context-rule must be one of {', '.join(CONTEXT_RULES)}, not {context_rule!r}")
+    if context_rule not in choices(ContextRule):
+        raise ConfigError(f"--context-rule must be one of {', '.join(choices(ContextRule))}, not {context_rule!r}")
     regenerate = _first(cli.regenerate, top.regenerate, "last")
-    if regenerate not in ("last", "all"):
-        raise ConfigError(f"--regenerate must be 'last' or 'all', not {regenerate!r}")
-    for flag, value, allowed in (("--loop-guard", cli.loop_guard, LOOP_GUARDS),
-                                 ("--on-truncated", cli.on_truncated, ON_TRUNCATED)):
+    if regenerate not in choices(Regenerate):
+        raise ConfigError(f"--regenerate must be one of {', '.join(choices(Regenerate))}, not {regenerate!r}")
+    for flag, value, allowed in (("--loop-guard", cli.loop_guard, choices(LoopGuard)),
+                                 ("--on-truncated", cli.on_truncated, choices(OnTruncated))):
         if value is not None and value not in allowed:
             raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
     if cli.row_format is not None and cli.row_format not in ROW_FORMATS:

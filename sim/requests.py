@@ -78,12 +78,6 @@ class GenerateRequest:
     # The sampling_params as sent, for `verify_sampling` (run after the context checks, as SGLang does).
     sampling: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def requested_max_new_tokens(self) -> int | None:
-        """max_new_tokens as the request set it; None: not set (SGLang then skips the check of
-        prompt + max_new_tokens against the context, `_validate_one_request`)."""
-        return self.sampling.get("max_new_tokens")
-
 
 def parse_generate_request(body: Any) -> GenerateRequest:
     """Raises BadRequest, SchemaError, or (for requests that stream) InvalidRequest."""

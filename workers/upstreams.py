@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from genfleet.common.records import Routing, choices
 from genfleet.workers.errors import ShutdownRequested, TransientError
 
 log = logging.getLogger(__name__)
 
-ROUTING_MODES = ("affinity", "least-busy")
 # A host may hold up to this many times the mean in flight before its keys spill to others.
 LOAD_FACTOR = 1.25
 # How long a freed slot waits for a request that prefers its host before any request takes it: far
@@ -90,8 +90,8 @@ class UpstreamPool:
             raise NoUpstreamError("no SGLang upstream configured: pass --upstream URL (or GENFLEET_UPSTREAMS)")
         self.states = {url.rstrip("/"): UpstreamState(url.rstrip("/")) for url in urls}
         self.per_upstream_cap = per_upstream_cap
-        if routing not in ROUTING_MODES:
-            raise NoUpstreamError(f"GENFLEET_ROUTING must be one of {', '.join(ROUTING_MODES)}, not {routing!r}")
+        if routing not in choices(Routing):
+            raise NoUpstreamError(f"GENFLEET_ROUTING must be one of {', '.join(choices(Routing))}, not {routing!r}")
         self.routing = routing
         self.failure_threshold = failure_threshold
         self.open_s = open_s

@@ -178,14 +178,9 @@ class Turn:
     def token_at(self, head: tuple[int, ...], index: int) -> int:
         return head[index] if index < len(head) else self.content_at(index - len(head))
 
-    def token_after(self, generated: Sequence[int]) -> int:
-        """The next token after `generated` (what follows the context's last `<|im_middle|>`)."""
-        head = self.head_for(generated)
-        return self.vocab.eos if head is None else self.token_at(head, len(generated))
-
     def completion(self, generated: Sequence[int], max_new_tokens: int) -> list[int]:
         """What the server generates after `generated` with this budget, the stop token included:
-        `token_after` token by token, with the sequence checked once (each planned token keeps it
+        the next token after each prefix of it, with the sequence checked once (each planned token keeps it
         on the same head), so a plan of thousands of tokens takes milliseconds, not seconds."""
         head = self.head_for(generated)
         if head is None:
@@ -224,13 +219,6 @@ class Planner:
                 self._turns.pop(next(iter(self._turns)))
         self._turns[key] = turn
         return turn
-
-    def next_token(self, sequence: Sequence[int]) -> tuple[Turn, int, int]:
-        """The token after `sequence`, with its turn and how many tokens of the turn precede it."""
-        start = split_context(sequence, self.vocab)
-        turn = self.turn(sequence[:start])
-        generated = sequence[start:]
-        return turn, len(generated), turn.token_after(generated)
 
 
 def expected_completion(vocab: PlanVocab, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:

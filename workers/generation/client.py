@@ -360,7 +360,6 @@ class ChatStreamAssembler:
                                  f"{self.text_chunks} chunks carried text")
 
 
-LOOP_POLICIES = ("abort", "flag", "off")
 
 
 class StreamWatch:

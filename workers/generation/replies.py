@@ -43,7 +43,6 @@ from genfleet.workers.generation.loop_guard import LoopThresholds
 from genfleet.workers.runtime import WorkerRuntime
 
 Message = dict[str, Any]
-REGENERATE_MODES = ("last", "all")
 
 
 def reply_positions(messages: list[Message], mode: str) -> list[int]:
@@ -66,7 +65,6 @@ def history_before(messages: list[Message], position: int, replies: dict[int, Me
     return [replies.get(index, message) for index, message in enumerate(messages[:position])]
 
 
-TRUNCATION_POLICIES = ("keep", "continue", "regenerate")
 
 
 @dataclass(frozen=True)

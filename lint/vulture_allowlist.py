@@ -1,0 +1,33 @@
+"""Names vulture (`make lint`) cannot see used: read by a framework, by name or through `asdict`.
+Each group says who reads them. Anything else unused is an error: delete it, don't list it here."""
+# ruff: noqa
+_ = object()
+
+# Dataclass fields written out whole (`asdict` → JSON: the sim's /server_info, the status page's
+# series, the bench's results, the oracle's cases).
+requests_started, requests_finished, requests_disconnected  # sim/capacity.py CapacityStats
+cached_tokens_total, prefill_tokens_computed, uptime_s  # sim/capacity.py CapacityStats
+ago_min  # genfleet/status/read_model.py MinuteRate
+tail_mean_running  # bench/shared_tail.py
+chunking  # oracle/cases.py
+
+# Settings read by name (`getattr(settings, f"loop_{name}")` in workers/generation/replies.py) and
+# pydantic validators (run by pydantic, never called).
+loop_max_period, loop_min_repeats, loop_min_span
+_._verify_tls, _._split_upstreams
+
+# kombu 5.7.0 reads these on its QoS and Channel (workers/broker.py cites the lines).
+restore_at_shutdown, _._in_poll, _._brpop_sent_at
+
+# The `tokenizers` library reads what sim/build_model.py assigns.
+_.pre_tokenizer
+
+# `__exit__(*exc_info)`: the context-manager protocol.
+exc_info
+
+# The standard library and the test tools call these: http.server handlers, configparser,
+# socketserver, selenium's options, pytest hooks, import machinery in the SGLang stand-ins.
+_.do_GET, _.do_POST, _.log_message, _.close_connection, daemon_threads, _.optionxform
+_.binary_location
+pytest_collection_modifyitems, pytest_configure
+__getattr__, _.__getattr__, _.__path__, _.create_module, _.exec_module
