@@ -13,12 +13,14 @@ import os
 import re
 from pathlib import Path
 
+from genfleet.common import GenfleetError
+
 MAX_NAME_LENGTH = 128
 NAME_RULE = "letters, digits, '.', '_' and '-' only, not starting with '.', at most 128 characters"
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
-class UnsafeName(ValueError):
+class UnsafeName(GenfleetError, ValueError):
     """A run or dataset name that breaks the rule, or a path that would leave the output root."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from genfleet.common import GenfleetError
+
 
 @dataclass(frozen=True)
 class ReasoningFormat:
@@ -61,7 +63,7 @@ class ReasoningSplit:
     closed: bool
 
 
-class UnknownParserError(ValueError):
+class UnknownParserError(GenfleetError, ValueError):
     def __init__(self, name: str) -> None:
         super().__init__(f"unknown reasoning parser {name!r}; choose one of {', '.join(PARSER_NAMES)}")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from genfleet.common import GenfleetError
 from genfleet.common.names import check_name, inside
 
 SHARD_SUFFIX = ".jsonl"
@@ -65,7 +66,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 }
 
 
-class ShardError(Exception):
+class ShardError(GenfleetError):
     """A shard line that is not a record (and is not the torn tail of an `.open` shard)."""
 
     def __init__(self, path: Path, line: int, reason: str) -> None:

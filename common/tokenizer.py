@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from genfleet.common import GenfleetError
+
 # transformers warns at import that PyTorch is missing; genfleet only needs tokenizers.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-class TokenizerNotFoundError(FileNotFoundError):
+class TokenizerNotFoundError(GenfleetError, FileNotFoundError):
     pass
 
 

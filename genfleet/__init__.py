@@ -36,3 +36,11 @@ if _in_checkout():
                 fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
 
     sys.meta_path.insert(0, _CheckoutFinder())
+
+
+# After the finder above: in a checkout it is what finds `genfleet.common`.
+from genfleet.common import GenfleetError  # noqa: E402
+
+
+class ToolError(GenfleetError):
+    """The root of the operator tools' errors (doctor, export, demo)."""

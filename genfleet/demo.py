@@ -42,6 +42,7 @@ import redis
 import typer
 from rich.live import Live
 
+from genfleet import ToolError
 from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 from genfleet.status.read_model import RunStatus, read_status
 from genfleet.status.render import render, wide_console
@@ -189,7 +190,7 @@ REDIS_MISSING = ("genfleet demo: redis-server is not on PATH; install it (Debian
                  "`sudo apt-get install redis-server`, macOS: `brew install redis`) and retry")
 
 
-class DemoError(Exception):
+class DemoError(ToolError):
     """A process of the demo's did not come up or died; the message says which and where its log is."""
 
 

@@ -20,6 +20,7 @@ import redis
 
 from genfleet.common.keys import ManifestFields
 from genfleet.common.run_state import RunManifest
+from genfleet.producer import ProducerError
 from genfleet.producer.run_config import RunConfig
 
 # Files that define how text becomes tokens: never the weights.
@@ -28,7 +29,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "tokenizer.model", "tiktoken.model", "config.json", "generation_config.json")
 
 
-class ConfigChanged(Exception):
+class ConfigChanged(ProducerError):
     """The run exists with another config; the message lists the differences and the way out."""
 
 

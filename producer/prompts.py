@@ -34,6 +34,7 @@ from typing import Any, Literal, NamedTuple, TypeVar, get_args
 from genfleet.common.queues import LONG, SHORT
 from genfleet.common.records import TaskPayload
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
+from genfleet.producer import ProducerError
 
 Message = dict[str, Any]
 RowFormat = Literal["auto", "messages", "sharegpt", "prompt", "openai_batch"]
@@ -47,7 +48,7 @@ SHAREGPT_ROLES = {
 }
 
 
-class RowRejected(ValueError):
+class RowRejected(ProducerError, ValueError):
     """The row cannot become a prompt; the message says why."""
 
 

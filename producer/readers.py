@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from genfleet.producer import ProducerError
+
 
 @dataclass(slots=True)
 class SourceRow:
@@ -44,7 +46,7 @@ class MalformedRow:
     reason: str
 
 
-class DatasetReadError(Exception):
+class DatasetReadError(ProducerError):
     """A whole source cannot be read (missing, unsupported, corrupt stream): the message says which."""
 
 

@@ -47,6 +47,7 @@ from genfleet.common.names import name_problem
 from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS, Partition
 from genfleet.common.records import ContextRule, LoopGuard, OnTruncated, Regenerate, choices
 from genfleet.common.settings import Settings
+from genfleet.producer import ProducerError
 from genfleet.producer.prompts import ROW_FORMATS, RowFormat
 
 # Flag -> the least value it takes (counts of tokens, prompts, rows; 0 for "no limit" where it means that).
@@ -140,7 +141,7 @@ else:  # pragma: no cover
 
 
 
-class RunFileError(ValueError):
+class RunFileError(ProducerError, ValueError):
     """The run file is unreadable or invalid; the message names the file and the key."""
 
 
@@ -225,7 +226,7 @@ def _resolve_paths(parsed: RunFile, base: Path) -> RunFile:
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(ProducerError, ValueError):
     """The options contradict each other or lack something; the message says what to pass."""
 
 

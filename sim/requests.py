@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from genfleet.sim import SimError
+
 # SamplingParams in declaration order (the order the schema lists them in "expected one of ..."),
 # each with the type its decoder expects (sglang 0.5.23 `api/v1/api_types.py`
 # `decode_SamplingParams`). Keys outside this table are rejected.
@@ -54,15 +56,15 @@ NO_PROMPT = "Either text, input_ids or input_embeds should be provided."
 _SAMPLING_EPS = 1e-6  # `sampling_params.py`: a temperature below it is greedy
 
 
-class SchemaError(Exception):
+class SchemaError(SimError):
     """Rejected by the schema gate before anything runs: HTTP 400 `{"error": "<message>"}`."""
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(SimError, ValueError):
     """SGLang's ValueError: HTTP 400 for a plain request, an error chunk inside a stream."""
 
 
-class BadRequest(Exception):
+class BadRequest(SimError):
     """Not a JSON object at all: FastAPI's request validation answers this one."""
 
 

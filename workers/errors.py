@@ -1,10 +1,16 @@
-"""Typed failures of a generation. Each says whether retrying can help; the task reads only that."""
+"""The workers' errors, under one root: the typed failures of a generation (each says whether
+retrying can help; the task reads only that), and the local faults and control flow beside them."""
 from __future__ import annotations
 
+from genfleet.common import GenfleetError
 from genfleet.common.run_state import EXHAUSTED, INTEGRITY, PERMANENT, TRANSIENT
 
 
-class GenerationError(Exception):
+class WorkerError(GenfleetError):
+    """The root of the workers' errors."""
+
+
+class GenerationError(WorkerError):
     error_class = TRANSIENT
     # The dead-letter class once a retryable error has used up its attempts.
     exhausted_class = EXHAUSTED
@@ -72,5 +78,5 @@ class PermanentError(GenerationError):
     blames_upstream = False
 
 
-class ShutdownRequested(Exception):
+class ShutdownRequested(WorkerError):
     """The worker is stopping: the task gives its message back to the queue."""

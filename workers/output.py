@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from genfleet.common.shards import open_shard_name, sealed, shard_dir, shard_seq
-from genfleet.workers.errors import ShutdownRequested
+from genfleet.workers.errors import ShutdownRequested, WorkerError
 
 
-class DiskUnwritable(Exception):
+class DiskUnwritable(WorkerError):
     """A local fault: the prompt goes back to the queue untouched, never to the dead letters."""
 
 
@@ -91,7 +91,7 @@ log = logging.getLogger(__name__)
 WRITE_TIMEOUT_S = 120.0
 
 
-class ShardWriteFailed(OSError):
+class ShardWriteFailed(WorkerError, OSError):
     """The record is not on disk: a local fault, not the prompt's; the task gives its message back."""
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import httpx
 
 from genfleet.common.records import Routing, choices
-from genfleet.workers.errors import ShutdownRequested, TransientError
+from genfleet.workers.errors import ShutdownRequested, TransientError, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ WARM_WAITERS_MAX = 16
 PROMPTS_REMEMBERED = 16_384
 
 
-class NoUpstreamError(RuntimeError):
+class NoUpstreamError(WorkerError, RuntimeError):
     pass
 
 

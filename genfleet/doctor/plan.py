@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from genfleet import ToolError
 from genfleet.common.queues import LONG, SHORT
 from genfleet.common.reasoning import UnknownParserError, get_format
 from genfleet.common.settings import Settings, settings_with
@@ -19,7 +20,7 @@ from genfleet.workers.generation.stream_http import upstream_problem
 _NO_DATASET = DatasetSpec("doctor", Path("-"))
 
 
-class PreflightError(ValueError):
+class PreflightError(ToolError, ValueError):
     """A flag, the run file or a setting is unusable; the message names which."""
 
 

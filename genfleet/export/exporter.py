@@ -43,6 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
+from genfleet import ToolError
 from genfleet.common.keys import ManifestFields
 from genfleet.common.shards import Shard, ShardError, ShardLine, ShardReader, TornLine, find_shards
 from genfleet.export.features import LineFeatures
@@ -159,7 +160,7 @@ STATS_PNG = "stats.png"
 DUPLICATE_EXAMPLES = 20
 
 
-class ExportError(Exception):
+class ExportError(ToolError):
     """The export cannot go on (a corrupt shard, a record its format cannot express, no shards);
     the message names the file and line or the directory."""
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from genfleet import ToolError
 from genfleet.export.exporter import ExportReport, build_manifest, file_entry, write_manifest
 from genfleet.export.features import Struct, features_yaml, uses_json
 from genfleet.export.reconcile import RunLedger
@@ -328,7 +329,7 @@ class PlannedFile(NamedTuple):
     bytes: int
 
 
-class PushError(Exception):
+class PushError(ToolError):
     """The upload failed; the message says why (no token, no permission, no network, ...)."""
 
 

@@ -46,13 +46,14 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from genfleet import ToolError
 from genfleet.common import run_state
 
 Message = dict[str, Any]
 Record = dict[str, Any]
 
 
-class FormatError(ValueError):
+class FormatError(ToolError, ValueError):
     """A record this format cannot express; the message names the record."""
 
 

@@ -37,7 +37,7 @@ from genfleet.common.queues import LONG
 from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import TaskPayload, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
-from genfleet.workers.errors import GenerationError, PermanentError
+from genfleet.workers.errors import GenerationError, PermanentError, WorkerError
 from genfleet.workers.generation.client import Generation, StreamWatch, chat_body, generate_body
 from genfleet.workers.generation.loop_guard import LoopThresholds
 from genfleet.workers.runtime import WorkerRuntime
@@ -283,7 +283,7 @@ def loop_thresholds(runtime: WorkerRuntime, *, characters: bool = False) -> Loop
     return tokens if not characters else LoopThresholds.for_characters(tokens)
 
 
-class BudgetSpent(Exception):
+class BudgetSpent(WorkerError):
     """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
 
 

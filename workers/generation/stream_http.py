@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from genfleet.workers.errors import WorkerError
+
 
 def data_payloads(blocks: Iterable[bytes]) -> Iterator[bytes]:
     """Each `data:` line's payload, stripped, in order; other lines (comments, `event:`) skipped."""
@@ -63,7 +65,7 @@ READ_SIZE = 65536
 ERROR_BODY_LIMIT = 65536
 
 
-class UpstreamURLError(ValueError):
+class UpstreamURLError(WorkerError, ValueError):
     """An upstream URL genfleet cannot talk to (scheme, host)."""
 
 
@@ -119,7 +121,7 @@ class _TLSConnection(_StallTimeout, http.client.HTTPSConnection):
     pass
 
 
-class SendFailed(Exception):
+class SendFailed(WorkerError):
     """The request did not reach the server (connect, TLS, or the send itself): `cause` says why."""
 
     def __init__(self, cause: BaseException) -> None:
