@@ -4,7 +4,7 @@ that routing requests that share a prefix to one host can be measured.
 What SGLang does, and the sim after it:
 
 - Lookup (`Req.init_next_round_input`, `managers/schedule_batch.py`): when a prefill batch takes
-  a request (sim.prefill_lane), the longest cached prefix of its ids is its `cached_tokens`,
+  a request (sim.capacity), the longest cached prefix of its ids is its `cached_tokens`,
   capped at `len(ids) - 1` (`_compute_max_prefix_len`: the last token is always prefilled, for its
   logits), then page-aligned down (`RadixKey.page_aligned`). A lookup refreshes the recency of what it
   matched. Only the uncached tokens are prefilled.
@@ -32,7 +32,7 @@ The sim's simplifications:
 The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
 
 Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, except
-while a prefill batch has the GPU (sim.prefill_lane: `pause_decoding`), when nobody decodes, as in
+while a prefill batch has the GPU (sim.capacity: `pause_decoding`), when nobody decodes, as in
 SGLang 0.5.23's scheduler without `--enable-mixed-chunk`. So one shared "decode clock" (tokens
 decoded per request since start) integrates that piecewise-constant speed exactly as `running`
 changes and pauses begin and end; a request's progress is the clock's advance since its prefill
@@ -42,7 +42,7 @@ occupancy.
 
 A server's prefill lane: requests that hold a slot are prefilled in batches, one batch at a time,
 and while a batch runs nobody decodes, as in SGLang 0.5.23's scheduler. So prefill a prefix cache
-saves (sim.prefix_cache) shortens every running request's wait, not only the request's own.
+saves (sim.capacity) shortens every running request's wait, not only the request's own.
 
 What SGLang does:
 
@@ -189,10 +189,10 @@ DEFAULT_MAX_PREFILL_TOKENS = 16384
 class CapacitySettings:
     rate: float = 100.0
     knee: float = 64.0
-    prefill_rate: float = 50_000.0  # prompt tokens/s of the server's prefill (sim.prefill_lane)
+    prefill_rate: float = 50_000.0  # prompt tokens/s of the server's prefill (sim.capacity)
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS  # uncached tokens in one prefill batch
     max_running: int | None = None
-    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.prefix_cache)
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.capacity)
     page_size: int = DEFAULT_PAGE_SIZE  # the prefix cache's granularity, in tokens
 
 
@@ -205,7 +205,7 @@ class CapacityStats:
     requests_started: int
     requests_finished: int
     requests_disconnected: int
-    # Ended by an abort: POST /abort_request, or a client that left (sim.aborts).
+    # Ended by an abort: POST /abort_request, or a client that left (sim.engine).
     aborted_requests: int
     # Every token decoded, those of requests aborted or whose client left included (GPU time spent).
     tokens_generated: int
@@ -214,7 +214,7 @@ class CapacityStats:
     prompt_tokens_total: int
     cached_tokens_total: int
     prefill_tokens_computed: int
-    # Prefill batches run, and the seconds they took, during which nobody decoded (sim.prefill_lane).
+    # Prefill batches run, and the seconds they took, during which nobody decoded (sim.capacity).
     prefill_batches: int
     prefill_busy_s: float
     uptime_s: float

@@ -13,7 +13,7 @@ completion seed but apart from the one that draws the completion's length and wo
 completion that does not loop is the same, id for id, whatever `--loop-rate` says, and raising
 the rate only adds loops (a prompt's draw is the same at any rate). The loop is a property of the
 prompt and seed, not of the budget, so a smaller max_new_tokens still yields a prefix of the same
-completion, and a continuation (sim.continuation) keeps looping.
+completion, and a continuation (sim.completion) keeps looping.
 
 A drawn start that falls inside a marker (halfway through a Harmony header, say) moves past it:
 into the reasoning after its open marker, into the content after its close and content-open
@@ -330,9 +330,9 @@ class CompletionPlan:
     content_start: int
     reasoning_format: str
     vocab: SimVocab = field(repr=False, compare=False)
-    # `completion_seed(prompt, seed)`: also seeds the request's decode-step sizes (sim.chunking).
+    # `completion_seed(prompt, seed)`: also seeds the request's decode-step sizes (sim.engine).
     rng_seed: int = 0
-    # A looping completion (sim.loops): its ids from `loop_start` on repeat a period of
+    # A looping completion (sim.completion): its ids from `loop_start` on repeat a period of
     # `loop_period` words up to max_new_tokens (`loop_start` may lie past a small budget's end).
     # Both None when it does not loop.
     loop_start: int | None = None

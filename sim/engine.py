@@ -34,7 +34,7 @@ status_code is no error: `_handle_abort_finish_reason`):
 - running: `FINISH_ABORT().to_json()` (`managers/schedule_batch.py`), `{"type": "abort", "message":
   "Aborted", "status_code": null, "err_type": null}`, with every token decoded so far. (SGLang runs
   one more decode pass first, "Abort method 3", and sends its token too; the sim stops at once.)
-- waiting for a slot, or holding one but still queued for prefill (sim.prefill_lane; both are
+- waiting for a slot, or holding one but still queued for prefill (sim.capacity; both are
   SGLang's waiting queue): `{"type": "abort", "message": "Abort in waiting queue"}` and no tokens
   (`_handle_abort_req`; SGLang's meta_info then lacks prompt_tokens and the other counts, the sim's
   has them). One in the prefill batch running now is running: the batch runs on without it.
@@ -55,12 +55,12 @@ no completion log line is written for it.
 
 One request's generated-token count, read off the shared decode clock (sim.capacity), and its naps.
 
-The clock stands still while a prefill batch runs (sim.prefill_lane), so a request's tokens come
+The clock stands still while a prefill batch runs (sim.capacity), so a request's tokens come
 out later when other requests are prefilled; a nap is the clock's own estimate, re-checked on waking.
 
 The simulated scheduler: one request's slot, its turn in the server's prefill lane, which
-prefills what the prefix cache lacks (sim.prefill_lane, sim.prefix_cache), paced decode, chunk
-cadence, fault and abort (sim.aborts).
+prefills what the prefix cache lacks (sim.capacity, sim.capacity), paced decode, chunk
+cadence, fault and abort (sim.engine).
 """
 from __future__ import annotations
 
@@ -265,7 +265,7 @@ class RequestControl:
                 until.remove_done_callback(wake)
 
     async def await_prefill(self, turn: PrefillTurn) -> None:
-        """Wait until the request's prefill batch has run (sim.prefill_lane), or less if aborted:
+        """Wait until the request's prefill batch has run (sim.capacity), or less if aborted:
         aborted while still queued, it leaves the queue as if waiting for a slot."""
         self._prefill = turn
         try:
@@ -476,7 +476,7 @@ class Generation:
         return self.fault.at_token(total) if self.fault else total
 
     def chunk_counts(self, limit: int) -> Iterator[int]:
-        """The generated-token counts below `limit` that get a (non-final) chunk (sim.chunking)."""
+        """The generated-token counts below `limit` that get a (non-final) chunk (sim.engine)."""
         return self.steps.chunk_counts(limit, self.stream_interval, self.plan.rng_seed)
 
 
@@ -510,7 +510,7 @@ class Engine:
             await _end_aborted(generation, out, control)
 
     async def _prefill(self, generation: Generation, control: RequestControl) -> bool:
-        """Wait for the request's prefill batch to run (sim.prefill_lane), which caches its prompt
+        """Wait for the request's prefill batch to run (sim.capacity), which caches its prompt
         as it ends; True if a batch took it. An abort cuts the wait short; one in the running batch
         is cached all the same (SGLang finishes the forward pass the request is in)."""
         turn = self.prefill_lane.submit(generation.prompt_ids, generation.prompt_tokens)
@@ -523,7 +523,7 @@ class Engine:
 
     def _cache_computed(self, generation: Generation, decoded: int) -> None:
         """Cache what a request that ends after `decoded` tokens computed KV for: its prompt and
-        every output id but the last, sampled but never fed back (sim.prefix_cache). Before its
+        every output id but the last, sampled but never fed back (sim.capacity). Before its
         last bytes go out, as SGLang's scheduler caches before the output reaches the client: a
         client that continues the completion at once finds it."""
         if self.prefix_cache.enabled:
@@ -541,7 +541,7 @@ class Engine:
         corruption = generation.corruption
         # A finish or an abort is itself the last chunk; an error chunk or a stall comes after
         # the regular chunks up to its point. Chunks go out at the scheduler's cadence
-        # (sim.chunking), every one of them: chunks that fall due in the same wake share a write
+        # (sim.engine), every one of them: chunks that fall due in the same wake share a write
         # but are never merged, unlike SGLang's tokenizer manager under backlog, which sends only
         # the newest cumulative chunk or merges queued deltas (`_coalesce_streaming_chunks`,
         # 0.5.23 `managers/tokenizer_manager.py`), so that a test can predict every chunk.
@@ -593,7 +593,7 @@ class Engine:
     ) -> None:
         end = generation.end
         # The scheduler sends a non-streaming request an output every FORCE_STREAM_INTERVAL tokens,
-        # and that is when SGLang looks for its client (sim.aborts): nap from one to the next.
+        # and that is when SGLang looks for its client (sim.engine): nap from one to the next.
         output = FORCE_STREAM_INTERVAL
         while (ready := clock.ready(end)) < end and not control.aborted:
             if ready >= output:

@@ -7,14 +7,14 @@ the ground truth for a client's integrity checks:
 
     {"rid": ..., "api": "generate" | "chat",
      "continues": "<rid>",         only on a request that continues a cut completion
-                                    (sim.continuation): its output_ids and text are the tail only
+                                    (sim.completion): its output_ids and text are the tail only
      "input_ids": [...]            (or "input_text": "..." for a /generate text prompt;
                                     a chat request logs its chat template's ids),
      "output_ids": [...],          every id sent, a matched stop id included
      "text": "...",                all the text sent, the stop token trimmed, as skip_special_tokens
                                     said (chat: the reasoning and content deltas joined; the line
                                     then also holds "reasoning_content" and "content")
-     "finish_reason": {...} | null (null after an error; an abort's, sim.aborts, says "abort"),
+     "finish_reason": {...} | null (null after an error; an abort's, sim.engine, says "abort"),
      "completion_tokens": n,       == len(output_ids): the true count
      "stream": bool, "stream_interval": n, "incremental": bool,
      "faults": [...]}              "abort", "error_chunk", "stall", "drop_chunk", "miscount"
@@ -31,20 +31,20 @@ whether the stream carried deltas (a non-streaming response is never incremental
 `stream_interval` is the request's effective one.
 
 The ASGI edge of one generation: bytes straight to the server, and the client's leaving
-reported to the request's control, which aborts it when SGLang would (sim.aborts).
+reported to the request's control, which aborts it when SGLang would (sim.engine).
 
 The simulated SGLang server's token-carrying endpoints, /generate and /v1/chat/completions:
 each request validated as SGLang 0.5.23 validates it (same status, same error body), admitted,
-planned (or, continuing a cut completion, sim.continuation), and answered by a streaming or one-shot
-`GenerationResponse`; and /abort_request, which ends requests in flight (sim.aborts).
+planned (or, continuing a cut completion, sim.completion), and answered by a streaming or one-shot
+`GenerationResponse`; and /abort_request, which ends requests in flight (sim.engine).
 
 The simulated SGLang server's endpoints that carry no tokens: health, model and server info,
 the model list, /flush_cache and the root, plus the sim's own /sim/stats. They go through
 Starlette's routing; the generation routes and /abort_request do not (see `sim.server`).
 
 One simulated SGLang server as an ASGI app: the model tables and capacity its endpoints share,
-and the dispatch between the generation endpoints (`sim.generation_endpoints`) and the info,
-health and stats endpoints (`sim.info_endpoints`).
+and the dispatch between the generation endpoints (`sim.server`) and the info,
+health and stats endpoints (`sim.server`).
 
 Running a simulated server in the foreground: uvicorn, the start line, and --die-after.
 """
@@ -443,7 +443,7 @@ class GenerationEndpoints:
     def _cut_recorder(
         self, plan: CompletionPlan, prompt_ids: list[int], rid: str, continues: Cut | None
     ) -> Callable[[int], None]:
-        """Remembers the completion as cut when its client got part of it (sim.continuation)."""
+        """Remembers the completion as cut when its client got part of it (sim.completion)."""
         offset = continues.generated if continues is not None else 0
 
         def on_cut(got: int) -> None:
@@ -467,7 +467,7 @@ class GenerationEndpoints:
 
     async def abort_request(self, scope: Scope, receive: Receive) -> ASGIApp:
         """`{"rid": ..., "abort_all": false}`: 200 with an empty body, whether or not anything was
-        aborted (sglang 0.5.23 `entrypoints/http_server.py` `abort_request`; sim.aborts)."""
+        aborted (sglang 0.5.23 `entrypoints/http_server.py` `abort_request`; sim.engine)."""
         body = await _json_body(scope, receive, ABORT_METHODS)
         if isinstance(body, Response):
             return body

@@ -46,9 +46,9 @@ class SimSettings:
     reasoning_format: str = DEFAULT_REASONING_FORMAT  # an SGLang --reasoning-parser name
     steps: DecodeSteps = field(default_factory=DecodeSteps)  # tokens per decode step
     server_info: bool = True  # False: /server_info and /get_server_info answer 404
-    log_completions: Path | None = None  # a JSON line per served request (sim.completion_log)
-    loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.loops)
-    disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.aborts)
+    log_completions: Path | None = None  # a JSON line per served request (sim.server)
+    loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.completion)
+    disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.engine)
     enable_cache_report: bool = False  # SGLang's --enable-cache-report: chat usage's prompt_tokens_details
     weight_version: str = "default"  # SGLang's --weight-version, which a server keeps until a weight update
 
@@ -89,7 +89,7 @@ class SimSettings:
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     ) -> CompletionPlan:
         """What a request continuing `prompt`'s completion after its first `generated` output ids
-        gets (sim.continuation): `prompt` and `seed` are the ORIGINAL request's, `max_new_tokens`
+        gets (sim.completion): `prompt` and `seed` are the ORIGINAL request's, `max_new_tokens`
         the continuation's. `plan(prompt, max_new_tokens=generated)` and this, joined, are
         `plan(prompt, max_new_tokens=generated + max_new_tokens)`."""
         whole = self.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated + max_new_tokens)

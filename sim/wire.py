@@ -109,7 +109,7 @@ class CompletionFrames:
         self._incremental = incremental
         self._output_len = len(plan.output_ids)
         self._shown = 0  # output ids already sent, for delta chunks
-        self.cached_tokens = 0  # set by the engine at the prefill (sim.prefix_cache)
+        self.cached_tokens = 0  # set by the engine at the prefill (sim.capacity)
         self._started_streaming = False  # the first chunk carries response_sent_to_client_ts
         self._started = time.monotonic()
         self._meta_head = b'],"meta_info":{"id":' + dumps(rid) + b',"finish_reason":'
@@ -307,7 +307,7 @@ class ChatFrames:
             self._content = _Span([table[i] for i in ids[:text_end]], 0)
         self._output_len = len(ids)
         self._shown = 0
-        self.cached_tokens = 0  # set by the engine at the prefill (sim.prefix_cache)
+        self.cached_tokens = 0  # set by the engine at the prefill (sim.capacity)
         self._held = b""  # reasoning kept back until it closes, without stream_reasoning
         self._started = False
         self._head = (

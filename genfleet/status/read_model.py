@@ -6,7 +6,7 @@ can build them by hand.
 
 A run's throughput minute by minute over the last hour, for the status page's charts.
 
-Read through `common.rates.read_rates`, the one reader of the rate buckets: asked for windows of
+Read through `common.fleet_stats.read_rates`, the one reader of the rate buckets: asked for windows of
 1, 2, ... 60 minutes ending now, the difference between two consecutive windows is one minute's
 worth (`read_rates` spreads a bucket's counts evenly over its elapsed part, so the minutes slide
 with now, like the table's "1m" column). One pipelined read of the 61 buckets; the buckets expire

@@ -1,4 +1,4 @@
-"""Continuing a cut completion (sim.continuation) and aborting requests in flight (sim.aborts),
+"""Continuing a cut completion (sim.completion) and aborting requests in flight (sim.engine),
 without a server: a continuation's tail after the prefix is the longer completion, the map of cuts
 forgets the oldest, /abort_request's rid matching, and slots freed however a waiter goes."""
 from __future__ import annotations

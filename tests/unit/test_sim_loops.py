@@ -1,4 +1,4 @@
-"""Looping completions (`--loop-rate`, sim.loops), planned without a server: as many as the rate
+"""Looping completions (`--loop-rate`, sim.completion), planned without a server: as many as the rate
 says, periodic to the last id from where they start, never stopping, and every other completion
 the same as without loops."""
 from __future__ import annotations

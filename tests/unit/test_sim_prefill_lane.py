@@ -1,4 +1,4 @@
-"""The server's prefill lane (sim.prefill_lane): a prefill batch stops everyone's decoding for as long
+"""The server's prefill lane (sim.capacity): a prefill batch stops everyone's decoding for as long
 as it runs, and aborts of requests queued for it or inside it end as SGLang's would."""
 from __future__ import annotations
 

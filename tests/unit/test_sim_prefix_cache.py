@@ -1,4 +1,4 @@
-"""The simulator's prefix cache on its own (sim.prefix_cache): longest cached prefix in whole pages,
+"""The simulator's prefix cache on its own (sim.capacity): longest cached prefix in whole pages,
 never the last token, inserts, least-recently-used eviction of leaves by capacity, off at 0."""
 from __future__ import annotations
 
