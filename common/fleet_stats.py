@@ -1,4 +1,7 @@
-"""Completion lengths as a compact log-spaced histogram: a few hundred bytes per dataset in Redis,
+"""What the fleet reports about itself, written by workers and read by `status`: completion-length
+histograms, per-minute rates and worker beacons.
+
+Completion lengths as a compact log-spaced histogram: a few hundred bytes per dataset in Redis,
 whatever the dataset's size, yet quantiles within ~5% of the exact ones.
 
 Bucket 0 holds empty completions; bucket i >= 1 holds lengths in [2**((i-1)/8), 2**(i/8)), so each

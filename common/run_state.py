@@ -1,4 +1,7 @@
-"""The one codec for a run's bitmaps over row indices (`enqueued`, `done`, and export's seen rows).
+"""A run's state in Redis, read and written in one place: the rows' bitmaps, the counters and done bits
+(with `publish.lua`, `mark_done.lua`), the dead letters and the run manifest.
+
+The one codec for a run's bitmaps over row indices (`enqueued`, `done`, and export's seen rows).
 
 Redis numbers a string's bits from the most significant bit of its first byte: "thinking of the
 string as an array of bits from left to right, where the first byte's most significant bit is at

@@ -1,4 +1,6 @@
-"""The bundled sample datasets, named like the seeds' (B1_glaive … B8_sweagent), in the shapes those
+"""`genfleet demo`: the whole pipeline on one box, on the bundled sample datasets.
+
+The bundled sample datasets, named like the seeds' (B1_glaive … B8_sweagent), in the shapes those
 datasets really have, plus two rows the producer must reject.
 
 Deterministic: the same seed and scale give the same files, byte for byte, so a demo or a test

@@ -1,4 +1,7 @@
-"""What enqueueing (or a dry run of) one dataset found: counts per outcome and partition, rejections
+"""What `genfleet enqueue` prints: the per-dataset report, the dry run, the run's summary and the live
+progress.
+
+What enqueueing (or a dry run of) one dataset found: counts per outcome and partition, rejections
 with file, line and reason, prompt-token statistics and the bytes the queued messages take.
 
 `genfleet enqueue --dry-run`: the whole enqueue pass (read, template, partition, reject, encode)

@@ -1,4 +1,7 @@
-"""Normalises a dataset row to OpenAI chat messages and cuts it to the prompt to generate from.
+"""Dataset rows into prompts: chat messages, stable ids, the chat template, the partition and the
+samples of each.
+
+Normalises a dataset row to OpenAI chat messages and cuts it to the prompt to generate from.
 
 Row formats: OpenAI `messages`; ShareGPT `conversations` (`from`/`value` or `role`/`content`); a plain
 prompt string (field `prompt` unless told otherwise); an OpenAI Batch request line (`custom_id`,

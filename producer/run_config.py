@@ -1,4 +1,7 @@
-"""Values `genfleet enqueue` refuses before it reads a row: counts that must be positive, sampling
+"""The run's configuration: the run file and the command-line flags resolved into one validated run,
+with every value refused before a row is read.
+
+Values `genfleet enqueue` refuses before it reads a row: counts that must be positive, sampling
 parameters SGLang would reject on every request (`SamplingParams.verify`, sglang 0.5.23), names that
 break `common/names.py`'s rule. Each problem is one line naming the flag; the command exits 2 and
 enqueues nothing.

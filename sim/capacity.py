@@ -1,4 +1,7 @@
-"""A host's prefix cache, modelled on SGLang 0.5.23's radix cache (`mem_cache/radix_cache.py`), so
+"""The simulator's capacity model: the prefix cache, the KV capacity that admits requests, and the
+prefill lane.
+
+A host's prefix cache, modelled on SGLang 0.5.23's radix cache (`mem_cache/radix_cache.py`), so
 that routing requests that share a prefix to one host can be measured.
 
 What SGLang does, and the sim after it:

@@ -1,4 +1,6 @@
-"""The simulator's options for loops, disconnects, prefill and the prefix cache (declared here to
+"""`genfleet sim`: every option, parsed into `SimSettings`.
+
+The simulator's options for loops, disconnects, prefill and the prefix cache (declared here to
 keep `sim.cli` short), and the parsing of `LO:HI` ranges.
 
 `genfleet sim` / `python -m genfleet.sim`: command-line flags into SimSettings, then serve.

@@ -1,4 +1,7 @@
-"""How long a completion is: lognormal in words, or (`--length-tokens`) exactly N tokens.
+"""What the simulator generates for a prompt: lengths, loops, openings, reasoning formats, the
+completion plan and its continuation.
+
+How long a completion is: lognormal in words, or (`--length-tokens`) exactly N tokens.
 
 `--loop-rate`: completions that fall into a repetition loop and never stop.
 

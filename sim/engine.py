@@ -1,4 +1,7 @@
-"""Decode steps and the stream's chunk cadence: at which generated-token counts a chunk goes out.
+"""The simulator's decode engine: decode steps and chunk cadence, aborts and disconnects, the clock and
+the loop that streams each request.
+
+Decode steps and the stream's chunk cadence: at which generated-token counts a chunk goes out.
 
 SGLang 0.5.23 `managers/scheduler_components/output_streamer.py` (`_GenerationStreamAccumulator.
 accept`) decides per scheduler step whether a streaming request's new tokens are sent:

@@ -1,4 +1,6 @@
-"""Parsing a `/generate` body into a typed request, with SGLang 0.5.23's kinds of rejection: the
+"""Request validation as SGLang 0.5.23 does it: `/generate` bodies and chat requests.
+
+Parsing a `/generate` body into a typed request, with SGLang 0.5.23's kinds of rejection: the
 schema gate's (`sglang/api/v1/api_types.py`, checked by `entrypoints/api_contract.py` before
 anything runs) and the ValueErrors the TokenizerManager raises later (`SamplingParams.verify`,
 `sampling/sampling_params.py`; the context checks, `managers/tokenizer_manager.py`).

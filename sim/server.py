@@ -1,4 +1,7 @@
-"""`--log-completions PATH`: one JSON line per request whose response went out whole.
+"""The simulator's HTTP server: its routes, the generation and info endpoints, the responses and the
+completion log.
+
+`--log-completions PATH`: one JSON line per request whose response went out whole.
 
 A line is written when a stream has sent its last chunk (or error chunk) and `[DONE]`, or a
 non-streaming response its body; never for a stalled request (unless /abort_request ends it), one

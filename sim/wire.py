@@ -1,4 +1,6 @@
-"""SGLang 0.5.23 `/generate` bytes: response objects, SSE framing and error bodies.
+"""The simulator's bytes on the wire: `/generate` responses and SSE framing, and OpenAI chat frames.
+
+SGLang 0.5.23 `/generate` bytes: response objects, SSE framing and error bodies.
 
 Streams are built from byte slices, not `json.dumps` per chunk: a completion's escaped text and
 its id list are joined once, and every chunk (cumulative or delta) is a slice of them. SGLang's

@@ -1,4 +1,7 @@
-"""The workers' check for prompts nobody holds: enqueued, yet neither queued, in transit, running (in
+"""Delivery: message leases and the reaper that re-queues a dead worker's messages, and the check for
+prompts nobody holds.
+
+The workers' check for prompts nobody holds: enqueued, yet neither queued, in transit, running (in
 kombu's `unacked`), done, skipped nor dead-lettered. Run by the lease reaper under its fleet-wide
 lock, at most once per `unaccounted_check_interval_s` across the fleet.
 

@@ -1,4 +1,6 @@
-"""The Celery app: every Celery setting genfleet uses, in one place (docs/ARCHITECTURE.md, "Celery
+"""A worker process: its Celery app and every Celery signal around its tasks.
+
+The Celery app: every Celery setting genfleet uses, in one place (docs/ARCHITECTURE.md, "Celery
 settings"). Built from the caller's `Settings`; the worker registers its task on it
 (`workers.tasks.register`), Flower and `requeue` only publish and watch.
 

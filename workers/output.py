@@ -1,4 +1,7 @@
-"""Whether this worker can write its shards, checked before a task spends GPU time on a prompt.
+"""A worker's output: the disk guard checked before GPU time is spent, and the shard writer (group-
+commit fsync) every record goes through.
+
+Whether this worker can write its shards, checked before a task spends GPU time on a prompt.
 
 Writable means: the output directory's file system has at least `min_free_bytes` free, and no
 shard write failed in the last `recheck_s`. While it is not, tasks wait (the worker takes no new

@@ -1,4 +1,6 @@
-"""A worker's Prometheus metrics and the HTTP server that exposes them on `/metrics`.
+"""A worker's telemetry: its beacon for `status` and its Prometheus metrics.
+
+A worker's Prometheus metrics and the HTTP server that exposes them on `/metrics`.
 
 Counters and histograms are fed by the task (a prompt finished, an attempt failed) and by task
 start/end; gauges that describe shared state (queue depth, unacked messages, upstream health,

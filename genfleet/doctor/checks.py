@@ -1,4 +1,7 @@
-"""The result every doctor check returns: what was checked, how it went, what was seen and, when it
+"""Every check `genfleet doctor` runs: Redis, the output disk, the upstream, the tokenizer and
+template, and a test generation.
+
+The result every doctor check returns: what was checked, how it went, what was seen and, when it
 did not pass, the one thing to change. A check never raises for what it finds; a finding is a row.
 
 The output directory the workers will write shards to: it can be created, a file in it written,

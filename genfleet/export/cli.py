@@ -1,4 +1,6 @@
-"""What `genfleet export` shows: a progress bar per phase (on a terminal only: `genfleet.progress`) and
+"""`genfleet export`: its options, and what it shows on the console.
+
+What `genfleet export` shows: a progress bar per phase (on a terminal only: `genfleet.progress`) and
 the findings on stderr, the summary table on stdout (the command reads them from the manifest it just
 wrote).
 

@@ -1,4 +1,7 @@
-"""What an export was asked to do (`ExportOptions`) and what it found (`ExportReport`, a
+"""The exporter: what it was asked and found (its report), the pass over the shards, and the manifest
+it writes.
+
+What an export was asked to do (`ExportOptions`) and what it found (`ExportReport`, a
 `DatasetTally` per dataset): plain data the exporter fills and the manifest reads.
 
 `genfleet export`: a run's shards, from one or several output roots, become one clean dataset.

@@ -1,4 +1,6 @@
-"""The `tokenized` export format: `{"id", "input_ids", "loss_mask"}`, built with the run's tokenizer.
+"""The export formats: the registry, and the tokenized format beside the text ones.
+
+The `tokenized` export format: `{"id", "input_ids", "loss_mask"}`, built with the run's tokenizer.
 
 The mask rule: `loss_mask` is 1 on exactly the tokens the model generated, 0 on everything the chat
 template wrote. The template itself draws the line: for each generated turn, the text the template

@@ -1,4 +1,6 @@
-"""The dataset card's text: how to load the export and where its lines came from, read from the export's
+"""The Hugging Face side of an export: the dataset card and `--push-to-hub`.
+
+The dataset card's text: how to load the export and where its lines came from, read from the export's
 manifest (`manifest.py`, the one owner of the numbers), so card and manifest never disagree.
 
 What the export cannot know is said so, never guessed. The model is named as the workers recorded it

@@ -1,4 +1,7 @@
-"""The conversation every export format starts from: a completion record's prompt messages with the
+"""The records an export reads: a record's conversation, the filters, deduplication and a prompt's
+samples.
+
+The conversation every export format starts from: a completion record's prompt messages with the
 generated assistant turn(s) put back where they were generated.
 
 With `--regenerate all` the record's `messages` already hold the model's earlier replies (content

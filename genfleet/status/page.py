@@ -1,4 +1,7 @@
-"""The charts of the status page as inline SVG, drawn on the server: a line over time, a histogram of
+"""The live status page: the Starlette app and its access rule, the view (HTML and JSON) and its SVG
+charts.
+
+The charts of the status page as inline SVG, drawn on the server: a line over time, a histogram of
 completion lengths, a segmented progress bar. Pure functions returning markup; every text they put
 in it goes through `html.escape`, so a value from Redis can never become markup (the page's
 content-security policy is the second line of defence, not the first).

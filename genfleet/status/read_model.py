@@ -1,4 +1,6 @@
-"""What `genfleet status` knows about a run at one moment, as plain frozen data: progress counters
+"""What `status` reads: the snapshot types, the per-minute history and the read of a run from Redis.
+
+What `genfleet status` knows about a run at one moment, as plain frozen data: progress counters
 per dataset, throughput per window, completion-length statistics, partitions, upstreams, ETAs.
 
 No Redis here: `read_model` fills these from Redis, `alarms` and `render` only read them, so tests

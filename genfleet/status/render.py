@@ -1,4 +1,6 @@
-"""Fitting `genfleet status` to a terminal: the console it prints on, tables that fit its width, and
+"""How `status` shows a run: the table fitted to the terminal, and the JSON.
+
+Fitting `genfleet status` to a terminal: the console it prints on, tables that fit its width, and
 a terminal that does not echo keys while `--watch` redraws.
 
 The console takes the terminal's own width, read again at each render so `--watch` follows a

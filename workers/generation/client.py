@@ -1,4 +1,7 @@
-"""Every way SGLang says no, mapped once into genfleet's typed errors (`workers/errors.py`), the way
+"""The SGLang client: request bodies, SGLang's ways of saying no, the streams assembled and checked
+chunk by chunk, the server's info, and the client that ties them.
+
+Every way SGLang says no, mapped once into genfleet's typed errors (`workers/errors.py`), the way
 httpx maps its transport's exceptions at one boundary (`httpx/_transports/default.py`).
 
 Shapes, from sglang 0.5.23 (`entrypoints/http_server.py`, `managers/tokenizer_manager.py`):

@@ -1,4 +1,7 @@
-"""Which assistant turns of a conversation to generate, and the prompt for each.
+"""Generating a prompt's replies: the turns to generate, what a cut completion becomes (`--on-
+truncated`), and the reply loop over the upstreams.
+
+Which assistant turns of a conversation to generate, and the prompt for each.
 
 `last` (default): the producer already cut the conversation after its last user turn; one reply.
 `all` (SpecForge's on-policy mode): every assistant turn in order, each conditioned on the model's

@@ -1,4 +1,7 @@
-"""The `data:` payloads of a server-sent event stream, read from its body's bytes as they arrive.
+"""The stream's HTTP: kept HTTP/1.1 connections over the standard library, and the server-sent events
+read from their bodies.
+
+The `data:` payloads of a server-sent event stream, read from its body's bytes as they arrive.
 
 SGLang's streams are `data: <json>\n\n` events ending with `data: [DONE]` (0.5.23
 `entrypoints/http_server.py` `stream_results`). Reading bytes and splitting lines here, rather than
