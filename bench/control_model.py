@@ -17,7 +17,7 @@ LEASE_TTL_S, LEASE_HEARTBEAT_S, REAPER_INTERVAL_S = 60.0, 15.0, 10.0  # common/s
 # long_threshold 16,384 - max_new_tokens_short 10,240 = 6,144 tokens).
 TOKEN_MIXES = {"typical": {SHORT: 1_000, LONG: 8_000}, "heavy": {SHORT: 6_000, LONG: 30_000}}
 TASK_EVENTS = ("task-sent", "task-received", "task-started", "task-succeeded")
-FLOWER_MAX_TASKS = 20_000  # `genfleet flower --max-tasks` default (workers/cli.py)
+FLOWER_MAX_TASKS = 20_000  # `genfleet flower --max-tasks` default (workers/command.py)
 
 
 def per_completion(run: dict) -> dict:

@@ -54,7 +54,7 @@ def occupancy_note(m: ThroughputMedians) -> str:
         f"{1e3 * Settings().commit_interval_s:.0f} ms), updates the run state in Redis, acks, "
         f"and Celery fetches the next message: "
         f"about {gap_ms:.0f} ms per prompt at {m.completions_per_s:.0f} completions/s, "
-        f"{idle:.1%} of the slots. Fix (`workers/runtime.py`, `workers/cli.py`): run more task "
+        f"{idle:.1%} of the slots. Fix (`workers/runtime.py`, `workers/command.py`): run more task "
         f"threads than streams, e.g. concurrency 150 × hosts + 16, and keep the per-host cap at 150 "
         f"(today `_per_upstream_cap` derives it from the concurrency); the spare threads wait in "
         f"`UpstreamPool.lease()` and start the next stream the moment one ends. Trials with 16 spare "

@@ -4,7 +4,7 @@ counters and bitmaps) and with AOF (without it a restart loses everything since 
 
 Read with `CONFIG GET`, else from `INFO` (managed Redis services often disable CONFIG but answer
 INFO); where neither answers, the check says it could not check. Workers log the lines at start
-(`workers/cli.py`); `genfleet status` shows them as alarms (`genfleet/status/read_model.py`).
+(`workers/command.py`); `genfleet status` shows them as alarms (`genfleet/status/read_model.py`).
 """
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ import typer
 
 from genfleet.demo import demo_command
 from genfleet.doctor.command import doctor_command
-from genfleet.export.cli import export_command
-from genfleet.producer.cli import enqueue_command
+from genfleet.export.command import export_command
+from genfleet.producer.command import enqueue_command
 from genfleet.requeue import failures_command, requeue_command
-from genfleet.sim.cli import sim_command
+from genfleet.sim.command import sim_command
 from genfleet.status.command import status_command
-from genfleet.workers.cli import flower_command, worker_command
+from genfleet.workers.command import flower_command, worker_command
 
 # typer's --install-completion and --show-completion (add_completion is on by default; typer 0.29
 # typer/completion.py): bash, zsh, fish, PowerShell, the shell found among the parent processes.

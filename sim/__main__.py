@@ -1,7 +1,7 @@
 """`python -m genfleet.sim --port 30000`: run a simulated SGLang server."""
 import typer
 
-from genfleet.sim.cli import sim_command
+from genfleet.sim.command import sim_command
 
 if __name__ == "__main__":
     typer.run(sim_command)

@@ -38,7 +38,7 @@ from genfleet.producer.readers import DatasetReadError, open_dataset
 from genfleet.producer.run_config import (
     RunFileError,
 )
-from genfleet.workers.cli import usage_error
+from genfleet.workers.command import usage_error
 from genfleet.workers.generation.client import SglangClient
 
 # Stands in for the datasets when the run file names none, so `resolve` still merges the run file's

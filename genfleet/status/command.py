@@ -21,7 +21,7 @@ from genfleet.common.settings import Settings, flower_auth_problem, printable_ur
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
 from genfleet.status.read_model import read_status
 from genfleet.status.render import keys_not_echoed, render, status_console, status_json
-from genfleet.workers.cli import usage_error
+from genfleet.workers.command import usage_error
 
 WATCH_INTERVAL_S = 2.0
 # An operator's command: an unreachable Redis is reported in seconds, not after the workers' two

@@ -15,7 +15,7 @@ import httpx
 from helpers.sim_process import SimProcess
 from helpers.waits import wait_until
 
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.server import read_completion_log
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}

@@ -12,7 +12,7 @@ from helpers.sim_http import counts_of, stream_events
 from helpers.sim_plans import QUESTION, prompts, template_ids
 from helpers.sim_process import SimProcess
 
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.engine import chunk_sizes
 from genfleet.sim.server import read_completion_log
 

@@ -12,7 +12,7 @@ from helpers.sim_process import SimProcess
 
 from genfleet.common.reasoning import split_reasoning
 from genfleet.producer.prompts import PromptTemplater
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 
 MAX_LENGTH = 200

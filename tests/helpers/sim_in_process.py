@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.server import SimServer
 
 

@@ -23,7 +23,7 @@ from helpers.sim_process import SimProcess
 from server import RealServer
 
 from genfleet.producer.prompts import PromptTemplater
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 from genfleet.workers.generation.client import (
     ServerInfo,

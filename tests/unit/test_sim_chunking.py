@@ -12,7 +12,7 @@ from helpers.sim_plans import prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genfleet.sim.cli import parse_sim_args
+from genfleet.sim.command import parse_sim_args
 from genfleet.sim.completion import REASONING_FORMAT_NAMES, CompletionPlan, LengthModel, plan_completion
 from genfleet.sim.engine import DecodeSteps, chunk_sizes
 from genfleet.sim.settings import SimSettings

@@ -1,5 +1,6 @@
 """`genfleet worker` and `genfleet flower`: thin wrappers over `celery worker` and `celery flower`
-with genfleet's settings, so every pool and Flower share one configuration."""
+with genfleet's settings, so every pool and Flower share one configuration.
+"""
 from __future__ import annotations
 
 import logging

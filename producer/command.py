@@ -1,4 +1,5 @@
-"""`genfleet enqueue`: put datasets onto the short/long queues, each prompt once."""
+"""`genfleet enqueue`: put datasets onto the short/long queues, each prompt once.
+"""
 from __future__ import annotations
 
 import json
