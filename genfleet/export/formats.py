@@ -33,7 +33,7 @@ error naming them, as are turns whose reasoning or content the template does not
 Export formats: a completion record becomes one line of training or batch-result data, and
 `FORMATS`, the one registry of them that the command and the exporter dispatch through.
 
-Every format starts from the same `Conversation` (conversation.py): the prompt messages with the
+Every format starts from the same `Conversation` (`records.py`): the prompt messages with the
 generated assistant turn(s) in place.
 
 Line shapes (one JSON object per line):

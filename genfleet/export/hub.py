@@ -1,7 +1,7 @@
 """The Hugging Face side of an export: the dataset card and `--push-to-hub`.
 
 The dataset card's text: how to load the export and where its lines came from, read from the export's
-manifest (`manifest.py`, the one owner of the numbers), so card and manifest never disagree.
+manifest (`exporter.py`, the one owner of the numbers), so card and manifest never disagree.
 
 What the export cannot know is said so, never guessed. The model is named as the workers recorded it
 from the server: its name (`/model_info` `served_model_name`, else `model_path`), the revision it was
@@ -27,7 +27,7 @@ through as given, None values are dropped):
   (of the JSONL, not of Arrow), and `download_size`.
 - `size_categories` from the default config's lines; `tags: [synthetic]`. No license: the export
   cannot know the terms of the prompts' sources or of the model.
-The body is the provenance (`card_body.py`), read from the manifest, the one owner of the numbers.
+The body is the provenance (`card_body`, below), read from the manifest, the one owner of the numbers.
 
 huggingface_hub comes with transformers (a core dependency), so the card needs no `datasets`.
 

@@ -53,7 +53,7 @@ record: a weight update on a live server (SGLang 0.5.23 `/update_weight_version`
 Streams one generation from SGLang: native `/generate` (the default) or `/v1/chat/completions`
 with server-side reasoning split. Streams go over `stream_http.py`'s kept connections; the short
 requests (/server_info, /abort_request) over one httpx client. Every wire failure leaves as one of
-the typed errors of `workers/errors.py` (mapped in `wire_errors.py`).
+the typed errors of `workers/errors.py` (mapped at the top of this module).
 """
 from __future__ import annotations
 
