@@ -62,9 +62,9 @@ tmux:
 	  fi; }
 
 # The fast tier: tests/unit/ starts nothing but a redis-server (where Redis itself is the subject);
-# well under a minute.
+# under a minute, two test processes at once (each its own redis-server: tests/conftest.py).
 test-fast: install redis-server
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -n 2 tests/unit
 
 # Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files),
 # two test processes at once (pytest-xdist): most of an end-to-end test's time is a simulated GPU's,
