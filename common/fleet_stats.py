@@ -16,8 +16,10 @@ round trip (`record_failure`); `genfleet status` reads them (`read_rates`, `read
 Memory stays bounded: rate buckets expire after two hours, histograms are a few hundred bytes.
 
 Worker beacons: every few seconds each worker publishes, with a short TTL, what only it knows:
-the health of its upstreams (circuit open or closed) and its tasks in flight per run, dataset and
-partition. `genfleet status` reads the live ones; a dead worker's beacon simply expires.
+the health of its upstreams (circuit open or closed), with `--in-flight auto` its target for each
+and the host's last load reading, its tasks in flight per run, dataset and partition, and the
+first caps it asks (`--first-max-new-tokens auto`). `genfleet status` reads the live ones; a dead
+worker's beacon simply expires.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import redis
 
@@ -297,10 +300,56 @@ _FORGET_AFTER_S = 86400.0
 
 
 @dataclass(frozen=True)
+class ServerLoad:
+    """One reading of a host's `/v1/loads` (SGLang 0.5.23 `entrypoints/v1_loads.py`), summed over
+    its data-parallel ranks: what `--in-flight auto` steers by (workers/admission.py), and what the
+    beacon carries to `status`."""
+    running: int
+    waiting: int
+    token_usage: float
+    retracted: int
+    gen_throughput: float
+    max_total_tokens: int | None = None
+
+    @classmethod
+    def from_loads(cls, body: dict[str, Any]) -> ServerLoad:
+        loads = body["loads"]
+        if not isinstance(loads, list) or not loads:
+            raise ValueError("no loads in the answer")
+        usage = [float(load.get("token_usage") or 0.0) for load in loads]
+        capacity = [load.get("max_total_num_tokens") for load in loads]
+        return cls(
+            running=sum(int(load["num_running_reqs"]) for load in loads),
+            waiting=sum(int(load["num_waiting_reqs"]) for load in loads),
+            token_usage=max(usage),
+            retracted=sum(int((load.get("queues") or {}).get("retracted") or 0) for load in loads),
+            gen_throughput=sum(float(load.get("gen_throughput") or 0.0) for load in loads),
+            max_total_tokens=sum(capacity) if all(isinstance(c, int) for c in capacity) else None,
+        )
+
+    def wanted_waiting(self) -> int:
+        return wanted_waiting(self.running)
+
+    def admission_bound(self) -> bool:
+        """Many requests wait while most of the KV cache is free: the scheduler reserves KV for
+        each request's max_new_tokens (workers/generation/first_cap.py) and admits no more."""
+        return self.waiting > 2 * self.wanted_waiting() and self.token_usage < 0.5
+
+
+def wanted_waiting(running: int) -> int:
+    """The waiting queue `--in-flight auto` keeps: a few, 5% of those running (workers/admission.py)."""
+    return max(2, math.ceil(0.05 * running))
+
+
+
+@dataclass(frozen=True)
 class UpstreamHealth:
     url: str
     healthy: bool  # circuit closed: the worker sends it traffic
     in_flight: int
+    # `--in-flight auto`: this worker's target for the host, and the host's last load reading.
+    target: int | None = None
+    load: ServerLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -314,6 +363,8 @@ class WorkerBeacon:
     in_flight: dict[str, dict[str, int]] = field(default_factory=dict)
     # Why this worker cannot write its shards now (disk full, write errors), or None.
     disk_problem: str | None = None
+    # run -> dataset -> the first cap this worker's `--first-max-new-tokens auto` asks now.
+    first_caps: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -321,7 +372,8 @@ class WorkerBeacon:
     @classmethod
     def from_json(cls, text: bytes | str) -> WorkerBeacon:
         raw = json.loads(text)
-        raw["upstreams"] = [UpstreamHealth(**u) for u in raw.get("upstreams", [])]
+        raw["upstreams"] = [UpstreamHealth(**{**u, "load": ServerLoad(**u["load"]) if u.get("load") else None})
+                            for u in raw.get("upstreams", [])]
         return cls(**raw)
 
     def run_in_flight(self, run: str) -> dict[tuple[str, str], int]:

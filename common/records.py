@@ -16,7 +16,14 @@ LoopGuard = Literal["abort", "flag", "off"]
 OnTruncated = Literal["keep", "continue", "regenerate"]
 Routing = Literal["affinity", "least-busy"]
 Api = Literal["generate", "chat"]
+# `--in-flight`: a worker's streams per host stay at its share of `--concurrency`, or follow the
+# host's own load up to it (workers/admission.py).
+InFlight = Literal["fixed", "auto"]
 ContextRule = Literal["reserve", "clip"]  # a prompt too long for the context: refused, or cut
+# `--first-max-new-tokens`: a prompt's first request asks this many new tokens (or, "auto", a cap
+# drawn from the dataset's own finished lengths); a cut there goes on exactly (workers/generation/
+# first_cap.py). None: the first request asks the full cap.
+FirstCap = int | Literal["auto"]
 
 
 def choices(vocabulary: Any) -> tuple[str, ...]:
@@ -62,6 +69,11 @@ class TaskPayload:
     continuation: dict[str, Any] | None = None
     # This task asks again, with the larger budget, for a completion that was cut (`regenerate`).
     regenerated: bool = False
+    # `--first-max-new-tokens`: the cap of the prompt's first request (None: `max_new_tokens`).
+    first_max_new_tokens: FirstCap | None = None
+    # Set by the worker on a first request it asked for less: the cap that request stands in for.
+    # A cut at the smaller cap is continued up to it, whatever `on_truncated` says.
+    staged_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

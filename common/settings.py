@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
-from genfleet.common.records import Api, Routing
+from genfleet.common.records import Api, InFlight, Routing
 
 
 class Settings(BaseSettings):
@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     # The queue a worker consumes, and its requests in flight (None: `in_flight()`'s default).
     pool: Literal["short", "long"] = "short"
     concurrency: int | None = None
+    # "fixed": each host gets its share of the in-flight count; "auto": each host's streams follow
+    # its own load (SGLang's /v1/loads), `concurrency` (or the pool's default) the ceiling.
+    in_flight_mode: InFlight = "fixed"
+    # How often an `auto` worker reads each host's load.
+    admission_interval_s: Annotated[float, Field(gt=0)] = 2.0
     # "generate": native /generate with the producer's token ids (exact, the default);
     # "chat": /v1/chat/completions, the server templates and splits reasoning itself.
     api: Api = "generate"
@@ -96,6 +101,12 @@ class Settings(BaseSettings):
     long_threshold_tokens: int = 16384
     max_new_tokens_short: int = 10240
     max_new_tokens_long: int = 16384
+    # `--first-max-new-tokens auto` (workers/generation/first_cap.py): a dataset's first cap is
+    # this quantile of its finished completion lengths once this many have finished; until then
+    # `first_cap_start`.
+    first_cap_start: Annotated[int, Field(ge=1)] = 1024
+    first_cap_quantile: Annotated[float, Field(gt=0, le=1)] = 0.9
+    first_cap_min_samples: Annotated[int, Field(ge=1)] = 100
     # Producer: rows read, templated and published per batch (each batch is one atomic publish).
     enqueue_batch_rows: int = 1024
     # Producer: keep each queue at most this many messages deep (0: no limit); it waits for the

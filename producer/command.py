@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -45,6 +46,7 @@ from genfleet.producer.run_config import (
     RunFileError,
     flag_problems,
     load_run_file,
+    parse_first_cap,
     resolve,
     run_name_problem,
 )
@@ -108,6 +110,11 @@ def enqueue_command(
     max_new_tokens_total: Annotated[int | None, typer.Option(
         help="The most completion tokens over all parts of a continued or regenerated completion "
              "(default: the long partition's max_new_tokens)")] = None,
+    first_max_new_tokens: Annotated[str | None, typer.Option(
+        help="The max_new_tokens of each prompt's first request: N tokens, or auto (a high quantile of the "
+             "dataset's finished lengths). A completion cut there goes on exactly up to its real cap, so "
+             "records are unchanged, while the server reserves less KV cache per request and admits more "
+             "(/generate only; default: the full cap)")] = None,
     samples: Annotated[int | None, typer.Option(
         help="Completions per prompt (ids ID#0..ID#N-1), each with its own sampling_seed derived from the "
              "prompt id (default: 1)")] = None,
@@ -145,6 +152,7 @@ def enqueue_command(
         max_new_tokens_total=max_new_tokens_total, samples=samples,
     )
     try:
+        cli = replace(cli, first_max_new_tokens=parse_first_cap(first_max_new_tokens))
         settings = Settings()
         config = resolve(cli, load_run_file(run_file) if run_file else None, settings)
         if settings.api == "chat" and any(d.on_truncated == "continue" for d in config.datasets):
@@ -152,6 +160,9 @@ def enqueue_command(
             console.print("note: GENFLEET_API=chat: workers regenerate truncated completions with the larger "
                           "budget instead of continuing them (continue needs /generate's token ids)",
                           soft_wrap=True)
+        if settings.api == "chat" and any(d.first_max_new_tokens is not None for d in config.datasets):
+            console.print("note: GENFLEET_API=chat: workers ask the full cap at once (--first-max-new-tokens needs "
+                          "/generate's token ids to continue exactly)", soft_wrap=True)
         for dataset in config.datasets:
             open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
         templater = PromptTemplater(config.tokenizer)

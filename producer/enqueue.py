@@ -186,6 +186,7 @@ class _BatchPass:
             keep_token_ids=self.config.keep_token_ids, regenerate=self.config.regenerate,
             max_tokens_per_dataset=dataset.max_tokens_per_dataset, loop_guard=dataset.loop_guard,
             on_truncated=dataset.on_truncated, max_new_tokens_total=max(total, max_new_tokens),
+            first_max_new_tokens=dataset.first_max_new_tokens,
         )
         tasks = []
         for slot in slots:

@@ -42,13 +42,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from genfleet.common.names import name_problem
 from genfleet.common.queues import DEFAULT_QUEUE_DEPTH, PARTITIONS, Partition
-from genfleet.common.records import ContextRule, LoopGuard, OnTruncated, Regenerate, choices
+from genfleet.common.records import ContextRule, FirstCap, LoopGuard, OnTruncated, Regenerate, choices
 from genfleet.common.settings import Settings
 from genfleet.producer import ProducerError
 from genfleet.producer.prompts import ROW_FORMATS, RowFormat
@@ -115,6 +115,19 @@ def flag_problems(counts: dict[str, int | None], pairs: dict[str, Any], flags: d
     return problems
 
 
+def parse_first_cap(text: str | None) -> FirstCap | None:
+    """`--first-max-new-tokens`: a positive count or `auto`; a ConfigError names the flag."""
+    if text is None or text == "auto":
+        return text  # type: ignore[return-value]
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"--first-max-new-tokens must be a positive number of tokens or 'auto', not {text!r}")
+    return value
+
+
 def run_name_problem(run: str) -> str | None:
     problem = name_problem(run)
     return None if problem is None else f"--run {run!r}: the run name {problem}"
@@ -167,6 +180,7 @@ class DatasetEntry(_Strict):
     loop_guard: LoopGuard | None = None
     on_truncated: OnTruncated | None = None
     max_new_tokens_total: int | None = Field(default=None, ge=1)
+    first_max_new_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     samples: int | None = Field(default=None, ge=1)
 
 
@@ -194,6 +208,7 @@ class RunFile(_Strict):
     loop_guard: LoopGuard | None = None
     on_truncated: OnTruncated | None = None
     max_new_tokens_total: int | None = Field(default=None, ge=1)
+    first_max_new_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     samples: int | None = Field(default=None, ge=1)
     datasets: dict[str, DatasetEntry] = {}
 
@@ -279,6 +294,7 @@ class CliOptions:
     loop_guard: str | None = None
     on_truncated: str | None = None
     max_new_tokens_total: int | None = None
+    first_max_new_tokens: FirstCap | None = None
     samples: int | None = None
 
 
@@ -302,6 +318,9 @@ class DatasetConfig:
     max_new_tokens_total: int = 0
     # Completions per prompt; each its own task and row slot (`row * samples + k`).
     samples: int = 1
+    # The first request's cap (`--first-max-new-tokens`), a number or "auto"; None: the full cap.
+    # Not in the identity: any first cap gives the same completions (workers/generation/first_cap.py).
+    first_max_new_tokens: FirstCap | None = None
 
     def identity(self) -> dict[str, Any]:
         """What decides this dataset's prompts and completions: a re-run must not change it.
@@ -376,6 +395,9 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
     if regenerate == "all" and (cut := [d.name for d in datasets if d.on_truncated != "keep"]):
         raise ConfigError(f"--on-truncated continue/regenerate works on one reply (--regenerate last); "
                           f"dataset {cut[0]!r} has --regenerate all")
+    if regenerate == "all" and (staged := [d.name for d in datasets if d.first_max_new_tokens is not None]):
+        raise ConfigError(f"--first-max-new-tokens works on one reply (--regenerate last); "
+                          f"dataset {staged[0]!r} has --regenerate all")
     return RunConfig(
         run=run, tokenizer=tokenizer,
         redis_url=_first(cli.redis_url, top.redis_url, settings.redis_url),
@@ -450,6 +472,7 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
                               **cli.chat_template_kwargs, **_thinking(cli.thinking)},
         loop_guard=loop_guard, on_truncated=on_truncated, max_new_tokens_total=total,
         samples=_first(cli.samples, entry.samples, top.samples, 1),
+        first_max_new_tokens=_first(cli.first_max_new_tokens, entry.first_max_new_tokens, top.first_max_new_tokens),
     )
 
 

@@ -272,6 +272,14 @@ def sim_settings(
             rich_help_panel=_OUTPUT,
         ),
     ] = False,
+    no_loads: Annotated[
+        bool,
+        typer.Option(
+            "--no-loads",
+            help="Answer 404 at /v1/loads, like an older SGLang or a router: `--in-flight auto` workers stay fixed.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = False,
     log_completions: Annotated[
         Path | None,
         typer.Option(
@@ -387,6 +395,7 @@ def sim_settings(
             ),
             steps=steps,
             server_info=not no_server_info,
+            loads=not no_loads,
             log_completions=log_completions,
         )
     )

@@ -526,6 +526,7 @@ class InfoEndpoints:
                 Route("/model_info", self.model_info),
                 Route("/get_model_info", self.model_info),
                 Route("/server_info", self.server_info),
+                Route("/v1/loads", self.loads),
                 Route("/get_server_info", self.server_info),
                 Route("/v1/models", self.models),
                 Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
@@ -558,6 +559,25 @@ class InfoEndpoints:
                 "architectures": ["SimForCausalLM"],
             }
         )
+
+    async def loads(self, request: Request) -> Response:
+        """`/v1/loads` (sglang 0.5.23 `entrypoints/v1_loads.py`), one data-parallel rank, with the
+        fields a client steers by. The sim's KV cache is its `--max-running` slots: `token_usage`
+        is the share of them running, and nothing is retracted. `gen_throughput` is the decode
+        speed now (SGLang's is the mean over its last log interval)."""
+        if not self.settings.loads:
+            return JSONResponse({"detail": "Not Found"}, 404)
+        capacity = self.capacity
+        running, limit = capacity.running, capacity.settings.max_running
+        load = {
+            "dp_rank": 0, "timestamp": time.time(), "num_running_reqs": running,
+            "num_waiting_reqs": capacity.waiting, "max_running_requests": limit,
+            "max_total_num_tokens": None, "token_usage": round(running / limit, 4) if limit else 0.0,
+            "gen_throughput": round(capacity.decode_rate() * running, 2),
+            "queues": {"waiting": capacity.waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
+        }
+        return JSONResponse({"timestamp": time.time(), "version": "sim", "accelerator": None, "num_accelerators": 1,
+                             "loads": [load]})
 
     async def server_info(self, request: Request) -> Response:
         """`/server_info` and its deprecated alias `/get_server_info` (sglang 0.5.23

@@ -46,6 +46,7 @@ class SimSettings:
     reasoning_format: str = DEFAULT_REASONING_FORMAT  # an SGLang --reasoning-parser name
     steps: DecodeSteps = field(default_factory=DecodeSteps)  # tokens per decode step
     server_info: bool = True  # False: /server_info and /get_server_info answer 404
+    loads: bool = True  # False: /v1/loads answers 404, as before SGLang had it, or behind a router
     log_completions: Path | None = None  # a JSON line per served request (sim.server)
     loops: LoopModel = NO_LOOPS  # completions that repeat until max_new_tokens (sim.completion)
     disconnect_abort_s: float = DEFAULT_DISCONNECT_ABORT_S  # a left stream decodes on this long (sim.engine)
@@ -134,7 +135,7 @@ class SimSettings:
             f"{self.steps.describe()}, reasoning {self.reasoning_format}, seed {self.seed}, "
             f"context {self.context_length}, {self.loops.describe()}, "
             f"disconnect abort after {self.disconnect_abort_s:g}s, faults: {self.faults.describe()}"
-            + ("" if self.server_info else ", no /server_info")
+            + ("" if self.server_info else ", no /server_info") + ("" if self.loads else ", no /v1/loads")
             + (", cache report" if self.enable_cache_report else "")
             + (f", logging completions to {self.log_completions}" if self.log_completions else "")
         )

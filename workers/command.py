@@ -11,6 +11,7 @@ import redis
 import typer
 
 from genfleet.common.queues import PARTITIONS
+from genfleet.common.records import InFlight, choices
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.settings import flower_auth_problem, settings_with
 from genfleet.workers.generation.stream_http import upstream_problem
@@ -24,6 +25,9 @@ def worker_command(
     upstream: Annotated[list[str], typer.Option(help="SGLang base URL; repeat for several hosts")],
     concurrency: Annotated[Optional[int], typer.Option(
         help="Requests in flight (default: 150 per host for short, 32 for long)")] = None,
+    in_flight: Annotated[Optional[str], typer.Option(
+        "--in-flight", help="fixed: each host gets its share of --concurrency; auto: each host's streams follow "
+                            "its own load (SGLang's /v1/loads), --concurrency the ceiling (default: fixed)")] = None,
     api: Annotated[Optional[str], typer.Option(
         help="generate (native /generate, default) or chat (/v1/chat/completions)")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
@@ -38,7 +42,10 @@ def worker_command(
         usage_error(f"--pool must be one of {', '.join(PARTITIONS)}, not {pool!r}")
     if concurrency is not None and concurrency < 1:
         usage_error(f"--concurrency must be at least 1, got {concurrency}")
-    settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, api=api, tokenizer=tokenizer,
+    if in_flight is not None and in_flight not in choices(InFlight):
+        usage_error(f"--in-flight must be one of {', '.join(choices(InFlight))}, not {in_flight!r}")
+    settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, in_flight_mode=in_flight,
+                             api=api, tokenizer=tokenizer,
                              redis_url=redis_url, metrics_port=metrics_port)
     for url in settings.upstreams:  # a bad URL fails here, not on every attempt
         if problem := upstream_problem(url):

@@ -93,6 +93,9 @@ ACKED_STATES = frozenset({states.SUCCESS, states.FAILURE, states.RETRY})
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     """`genfleet worker`: one Celery worker (threads pool) consuming `settings.pool`."""
     runtime = WorkerRuntime.build(settings)
+    if runtime.tokenizer is None:
+        log.warning("GENFLEET_TOKENIZER is not set: prompts enqueued with --first-max-new-tokens ask their full "
+                    "cap at once on this worker (a staged cut is continued exactly only with the tokenizer)")
     app = create_app(settings)
     tasks.register(app, runtime)
     connect_signals(runtime)

@@ -15,8 +15,10 @@ from celery.worker import state as celery_state
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
 from genfleet.common.tokenizer import load_tokenizer
+from genfleet.workers.admission import AdmissionControl
 from genfleet.workers.delivery import LeaseKeeper, Reaper
 from genfleet.workers.generation.client import SglangClient
+from genfleet.workers.generation.first_cap import FirstCaps
 from genfleet.workers.generation.split import CompletionSplitter
 from genfleet.workers.output import DiskGuard, ShardSet
 from genfleet.workers.upstreams import UpstreamPool
@@ -41,6 +43,9 @@ class WorkerRuntime:
     leases: LeaseKeeper
     reaper: Reaper
     disk: DiskGuard
+    first_caps: FirstCaps
+    # `--in-flight auto`: sets each host's cap from its load; None when fixed.
+    admission: AdmissionControl | None = None
     # Set when the worker begins to shut down: running streams give their task back to the queue.
     shutdown: threading.Event = field(default_factory=threading.Event)
     _states: dict[str, RunState] = field(default_factory=dict)
@@ -72,6 +77,10 @@ class WorkerRuntime:
                           restart_grace_s=settings.lease_ttl_s,
                           unaccounted_interval_s=settings.unaccounted_check_interval_s),
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
+            first_caps=FirstCaps(client_redis, settings),
+            admission=AdmissionControl(upstreams, ceiling=per_upstream_cap(settings),
+                                       interval_s=settings.admission_interval_s)
+            if settings.in_flight_mode == "auto" else None,
         )
 
     @property
@@ -80,10 +89,13 @@ class WorkerRuntime:
         return self.settings.in_flight() + SPARE_THREADS
 
     def start_background(self) -> None:
-        """Lease heartbeat, reaper and upstream health probes: run in every worker, busy or not."""
+        """Lease heartbeat, reaper, upstream health probes and (auto) admission control: run in every
+    worker, busy or not."""
         self.leases.start()
         self.reaper.start()
         self.upstreams.start_probes()
+        if self.admission is not None:
+            self.admission.start_thread()
 
     def run_state(self, run: str) -> RunState:
         state = self._states.get(run)
@@ -95,6 +107,8 @@ class WorkerRuntime:
         self.leases.stop()
         self.reaper.stop()
         self.upstreams.stop_probes()
+        if self.admission is not None:
+            self.admission.stop()
         self.shards.close()
         self.client.close()
 

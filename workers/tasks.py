@@ -25,6 +25,7 @@ from genfleet.workers import telemetry
 from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
 from genfleet.workers.failures import handle_failure
 from genfleet.workers.generation.client import Generation
+from genfleet.workers.generation.first_cap import staged
 from genfleet.workers.generation.replies import BudgetSpent, Continuation, follow_up, generate_turns
 from genfleet.workers.output import DiskUnwritable, ShardWriteFailed
 from genfleet.workers.runtime import WorkerRuntime
@@ -74,6 +75,8 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime,
         return {"id": payload.id, "skipped": "already done"}
     started_at = time.time()
     deadline = time.monotonic() + runtime.settings.task_deadline_s
+    payload = staged(payload, runtime.first_caps.cap_for(payload), api=runtime.settings.api,
+                     exact_text=runtime.tokenizer is not None)
     try:
         turns, prompt = generate_turns(payload, runtime, deadline)
     except BudgetSpent:

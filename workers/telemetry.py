@@ -42,6 +42,7 @@ from genfleet.common.keys import KOMBU_UNACKED, queue_list
 from genfleet.common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
 from genfleet.common.records import CompletionRecord, TaskPayload
 from genfleet.common.run_state import PERMANENT, TRANSIENT
+from genfleet.workers.admission import streams
 from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.runtime import WorkerRuntime
 
@@ -106,21 +107,19 @@ class FleetCollector(Collector):
     """Read at scrape time: queue depth and unacked messages (fleet-wide, the same from every worker:
     aggregate with max), and this worker's view of its upstreams."""
 
-    def __init__(self, client: redis.Redis, upstreams: Callable[[], tuple[dict[str, int], list[str]]]) -> None:
+    def __init__(self, client: redis.Redis, upstreams: Callable[[], list[fleet_stats.UpstreamHealth]],
+                 first_caps: Callable[[], dict[tuple[str, str], int]] = dict) -> None:
         self.redis = client
-        self.upstreams = upstreams  # () -> (in flight per upstream, healthy upstreams)
+        self.upstreams = upstreams  # () -> each upstream as this worker sees it
+        self.first_caps = first_caps  # () -> (run, dataset) -> the `auto` first cap asked now
 
     def collect(self) -> Iterator[Metric]:
-        in_flight, healthy = self.upstreams()
-        requests = GaugeMetricFamily("genfleet_requests_in_flight", "Requests streaming from each upstream",
-                                     labels=["upstream"])
-        up = GaugeMetricFamily("genfleet_upstream_up", "1 while the upstream's circuit is closed",
-                               labels=["upstream"])
-        for url, count in in_flight.items():
-            requests.add_metric([url], count)
-            up.add_metric([url], 1.0 if url in healthy else 0.0)
-        yield requests
-        yield up
+        yield from upstream_metrics(self.upstreams())
+        first_cap = GaugeMetricFamily("genfleet_first_max_new_tokens", "The max_new_tokens this worker's first "
+                                      "requests ask (--first-max-new-tokens auto)", labels=["run", "dataset"])
+        for (run, dataset), cap in self.first_caps().items():
+            first_cap.add_metric([run, dataset], cap)
+        yield first_cap
         try:
             pipe = self.redis.pipeline(transaction=False)
             for queue in PARTITIONS:
@@ -137,6 +136,38 @@ class FleetCollector(Collector):
         yield queue_depth
         yield GaugeMetricFamily("genfleet_unacked_messages",
                                 "Messages delivered to workers and not yet acknowledged (all runs)", value=unacked)
+
+
+# The host's own load (SGLang's /v1/loads), as the worker last read it: one family per field.
+_LOAD_GAUGES = (
+    ("genfleet_upstream_running_requests", "Requests the SGLang server is running (all its clients)", "running"),
+    ("genfleet_upstream_waiting_requests", "Requests waiting in the SGLang server's queue", "waiting"),
+    ("genfleet_upstream_token_usage", "Share of the SGLang server's KV cache in use", "token_usage"),
+    ("genfleet_upstream_retracted_requests", "Requests the SGLang server retracted at its last retraction",
+     "retracted"),
+    ("genfleet_upstream_gen_throughput", "The SGLang server's decode tokens/s", "gen_throughput"),
+)
+
+
+def upstream_metrics(view: list[fleet_stats.UpstreamHealth]) -> Iterator[Metric]:
+    requests = GaugeMetricFamily("genfleet_requests_in_flight", "Requests streaming from each upstream",
+                                 labels=["upstream"])
+    up = GaugeMetricFamily("genfleet_upstream_up", "1 while the upstream's circuit is closed", labels=["upstream"])
+    target = GaugeMetricFamily("genfleet_in_flight_target", "This worker's in-flight target for the upstream "
+                               "(--in-flight auto)", labels=["upstream"])
+    bound = GaugeMetricFamily("genfleet_upstream_admission_bound", "1 while many requests wait at low KV use: "
+                              "the caps reserve the KV cache", labels=["upstream"])
+    loads = [GaugeMetricFamily(name, text, labels=["upstream"]) for name, text, _ in _LOAD_GAUGES]
+    for upstream in view:
+        requests.add_metric([upstream.url], upstream.in_flight)
+        up.add_metric([upstream.url], 1.0 if upstream.healthy else 0.0)
+        if upstream.target is not None:
+            target.add_metric([upstream.url], upstream.target)
+        if upstream.load is not None:
+            bound.add_metric([upstream.url], float(upstream.load.admission_bound()))
+            for family, (_, _, field_name) in zip(loads, _LOAD_GAUGES, strict=True):
+                family.add_metric([upstream.url], float(getattr(upstream.load, field_name)))
+    yield from (requests, up, target, bound, *loads)
 
 
 METRICS = WorkerMetrics()
@@ -256,12 +287,13 @@ class Beacon:
             pass  # it expires anyway
 
     def publish_once(self) -> None:
-        pool = self.runtime.upstreams
-        in_flight, healthy = pool.in_flight(), set(pool.healthy())
+        first_caps: dict[str, dict[str, int]] = {}
+        for (run, dataset), cap in self.runtime.first_caps.current().items():
+            first_caps.setdefault(run, {})[dataset] = cap
         fleet_stats.publish(self.redis, fleet_stats.WorkerBeacon(
             name=self.runtime.name, pool=self.pool, slots=self.slots, time=time.time(),
-            upstreams=[fleet_stats.UpstreamHealth(url, url in healthy, count) for url, count in in_flight.items()],
-            in_flight=IN_FLIGHT.by_run(), disk_problem=self.runtime.disk.problem(),
+            upstreams=upstream_view(self.runtime), in_flight=IN_FLIGHT.by_run(),
+            disk_problem=self.runtime.disk.problem(), first_caps=first_caps,
         ))
 
     def _loop(self) -> None:
@@ -274,6 +306,21 @@ class Beacon:
                 return
 
 
+def upstream_view(runtime: WorkerRuntime) -> list[fleet_stats.UpstreamHealth]:
+    """Each upstream as this worker sees it: health, streams open, and with `--in-flight auto` its
+    target and the host's last load reading."""
+    pool = runtime.upstreams
+    in_flight, healthy = pool.in_flight(), set(pool.healthy())
+    admission = runtime.admission.snapshot() if runtime.admission is not None else {}
+    view = []
+    for url, count in in_flight.items():
+        host = admission.get(url)
+        view.append(fleet_stats.UpstreamHealth(
+            url, url in healthy, count, target=streams(host.target) if host is not None else None,
+            load=host.load if host is not None else None))
+    return view
+
+
 def start(runtime: WorkerRuntime) -> Beacon:
     """When the worker is ready: the beacon (returned, for `stop`), and /metrics unless its port is 0."""
     pool, slots = runtime.settings.pool, runtime.settings.in_flight()
@@ -283,7 +330,7 @@ def start(runtime: WorkerRuntime) -> Beacon:
     port = runtime.settings.metrics_port
     port = DEFAULT_PORTS.get(pool, 0) if port is None else port
     if port:
-        METRICS.registry.register(FleetCollector(runtime.redis, lambda: (runtime.upstreams.in_flight(),
-                                                                         runtime.upstreams.healthy())))
+        METRICS.registry.register(FleetCollector(runtime.redis, lambda: upstream_view(runtime),
+                                                 runtime.first_caps.current))
         serve(port)
     return beacon

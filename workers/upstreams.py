@@ -1,5 +1,6 @@
 """Routes each generation to a healthy SGLang host, with a per-host in-flight cap and a circuit
-breaker per host.
+breaker per host. The cap is the worker's share of its in-flight count, or with `--in-flight auto`
+what the host's own load allows (workers/admission.py sets it).
 
 Routing is prefix-cache aware, with bounded load. Each SGLang server keeps a radix cache of the
 prefixes it has computed (0.5.23 `mem_cache/radix_cache.py`): a prompt whose prefix is cached skips
@@ -74,6 +75,7 @@ class NoUpstreamAvailable(TransientError):
 @dataclass
 class UpstreamState:
     url: str
+    cap: int  # this worker's streams to the host at most: fixed, or set by workers/admission.py
     in_flight: int = 0
     consecutive_failures: int = 0
     open_until: float = 0.0  # circuit open (no traffic) until then; 0 = closed
@@ -88,8 +90,7 @@ class UpstreamPool:
                  open_s: float = 30.0, probe_interval_s: float = 15.0, routing: str = "affinity") -> None:
         if not urls:
             raise NoUpstreamError("no SGLang upstream configured: pass --upstream URL (or GENFLEET_UPSTREAMS)")
-        self.states = {url.rstrip("/"): UpstreamState(url.rstrip("/")) for url in urls}
-        self.per_upstream_cap = per_upstream_cap
+        self.states = {url.rstrip("/"): UpstreamState(url.rstrip("/"), cap=per_upstream_cap) for url in urls}
         if routing not in choices(Routing):
             raise NoUpstreamError(f"GENFLEET_ROUTING must be one of {', '.join(choices(Routing))}, not {routing!r}")
         self.routing = routing
@@ -172,6 +173,15 @@ class UpstreamPool:
                 self._forget_host(url)
                 log.warning("circuit open for %s after %d consecutive failures", url, state.consecutive_failures)
 
+    def set_cap(self, url: str, cap: int) -> None:
+        """A host's new cap; a raise wakes the requests waiting for a slot. Streams above a lowered
+        cap run to their end: the host gets no new one until it is under the cap again."""
+        with self._cond:
+            state = self.states[url]
+            raised, state.cap = cap > state.cap, cap
+            if raised:
+                self._cond.notify_all()
+
     def in_flight(self) -> dict[str, int]:
         with self._cond:
             return {url: state.in_flight for url, state in self.states.items()}
@@ -210,7 +220,7 @@ class UpstreamPool:
               waited: float = float("inf"), grace: float = SPILL_GRACE_S) -> UpstreamState | None:
         """The host for the next request, or None to wait. `waited`: how long the request has
         waited for a slot; past its `grace`, a request whose preferred host is full goes elsewhere."""
-        ready = [s for s in self.states.values() if not s.is_open and s.in_flight < self.per_upstream_cap]
+        ready = [s for s in self.states.values() if not s.is_open and s.in_flight < s.cap]
         if self._keyed(affinity):
             preferred = self._preferred(affinity, avoid)  # type: ignore[arg-type]
             if preferred is not None:
@@ -254,7 +264,7 @@ class UpstreamPool:
         return LOAD_FACTOR * mean
 
     def _has_free_slot(self) -> bool:
-        return any(not s.is_open and s.in_flight < self.per_upstream_cap for s in self.states.values())
+        return any(not s.is_open and s.in_flight < s.cap for s in self.states.values())
 
     def _describe(self) -> list[str]:
         return [f"{s.url} ({'down' if s.is_open else f'{s.in_flight} in flight'})" for s in self.states.values()]

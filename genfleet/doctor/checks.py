@@ -61,6 +61,7 @@ from typing import Any
 import httpx
 import redis
 
+from genfleet.common.fleet_stats import ServerLoad
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import ReasoningFormat
 from genfleet.common.records import TaskPayload
@@ -69,6 +70,7 @@ from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, printable_url
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
 from genfleet.doctor.plan import Preflight, TemplateVariant
+from genfleet.workers.admission import LOADS_PATH
 from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.generation.client import SglangClient, StreamMode, generate_body
 from genfleet.workers.generation.split import CompletionSplitter
@@ -270,6 +272,7 @@ class Upstream:
     model: str
     info: dict[str, Any] | None  # /server_info; None where the server has none
     context_length: int | None
+    load: ServerLoad | None = None  # /v1/loads; None where the server has none
 
 
 def upstream_check(client: SglangClient, url: str, settings: Settings,
@@ -286,8 +289,20 @@ def upstream_check(client: SglangClient, url: str, settings: Settings,
                           "wait for the server to finish loading, or restart it")
     # The workers' own reader (`/server_info`, else the older `/get_server_info`); {} or None: not said.
     info = client.servers.ask_server_info(url) or None
-    upstream = Upstream(url, client.model_name(url), info, _context_length(client.http, url, info))
+    upstream = Upstream(url, client.model_name(url), info, _context_length(client.http, url, info),
+                        _load(client.http, url))
     return upstream, _judge(name, upstream, settings, run_context_length)
+
+
+def _load(http: httpx.Client, url: str) -> ServerLoad | None:
+    """The server's `/v1/loads` (SGLang 0.5.23 `entrypoints/v1_loads.py`): what `--in-flight auto`
+    steers by, and the KV capacity that bounds how many requests it admits."""
+    try:
+        response = http.get(f"{url}{LOADS_PATH}", timeout=HEALTH_TIMEOUT_S)
+        response.raise_for_status()
+        return ServerLoad.from_loads(response.json())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length: int | None) -> Check:
@@ -299,8 +314,11 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
     context = f"{upstream.context_length:,}" if upstream.context_length else "unknown"
     detail = (f"healthy; model {upstream.model}; reasoning parser {server_parser or 'none'}; stream {stream}, "
               f"stream_interval {mode.stream_interval or '?'} (requests ask {settings.stream_interval}); "
-              f"context {context}")
+              f"context {context}; {_load_detail(upstream.load)}")
     findings: list[tuple[Status, str, str]] = []
+    if upstream.load is None and settings.in_flight_mode == "auto":
+        findings.append((Status.WARN, f"no {LOADS_PATH}: --in-flight auto keeps the fixed count on this host",
+                         "run SGLang 0.5.23 or later, or send workers to the server itself rather than a router"))
     if run_context_length and upstream.context_length and run_context_length > upstream.context_length:
         findings.append((Status.FAIL, f"the run's context_length {run_context_length:,} is above the server's",
                          "lower context_length in the run file (or --context-length) to the server's"))
@@ -318,6 +336,14 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
     status = Status.FAIL if any(s is Status.FAIL for s, _, _ in findings) else Status.WARN
     worst = [f for f in findings if f[0] is status]
     return Check(name, status, "; ".join([detail, *(text for _, text, _ in worst)]), worst[0][2])
+
+
+def _load_detail(load: ServerLoad | None) -> str:
+    if load is None:
+        return f"no {LOADS_PATH} (--in-flight auto stays fixed)"
+    capacity = f" of {load.max_total_tokens:,} tokens" if load.max_total_tokens else ""
+    return (f"load {load.running} running, {load.waiting} waiting, KV {load.token_usage:.0%}{capacity}"
+            + (" (admission-bound: the caps reserve the KV cache)" if load.admission_bound() else ""))
 
 
 def _context_length(http: httpx.Client, url: str, info: dict[str, Any] | None) -> int | None:

@@ -93,6 +93,11 @@ def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
                      f"({where}): their messages are gone; publish them again with `genfleet enqueue --run "
                      f"{status.run} --recover-lost DATASETS...`")
     for upstream in status.upstreams:
+        if upstream.admission_bound and (load := upstream.load) is not None:
+            lines.append(f"admission-bound: {upstream.url} has {load.waiting} requests waiting at "
+                         f"{load.token_usage:.0%} KV use: the caps reserve the KV cache (SGLang admits a request "
+                         "only with room for its max_new_tokens); enqueue with --first-max-new-tokens auto, "
+                         "and run workers with --in-flight auto (docs/running.md)")
         if upstream.down_in:
             lines.append(f"upstream {upstream.url} is down (circuit open in {upstream.down_in} of "
                          f"{upstream.workers} workers using it): its requests wait or go to other hosts; "

@@ -63,7 +63,7 @@ from genfleet.common.queues import GENERATE_TASK
 from genfleet.common.run_state import DeadLetter
 from genfleet.status.alarms import AlarmSettings, alarms
 from genfleet.status.eta import FLEET, Eta
-from genfleet.status.read_model import DatasetStatus, RunStatus, read_minutes, read_status
+from genfleet.status.read_model import DatasetStatus, RunStatus, UpstreamStatus, read_minutes, read_status
 from genfleet.status.render import duration, status_json
 
 LINE_WIDTH, LINE_HEIGHT = 560, 150
@@ -319,11 +319,13 @@ def _fleet(status: RunStatus) -> str:
     upstreams = "".join(
         f'<tr class="{"bad" if u.down_in else "ok"}"><th scope="row">{_e(u.url)}</th>'
         f'<td>{"DOWN in " + str(u.down_in) + " of " + str(u.workers) + " workers" if u.down_in else "up"}</td>'
-        f'<td class="num">{u.workers}</td><td class="num">{u.in_flight:,}</td></tr>' for u in status.upstreams)
+        f'<td class="num">{u.workers}</td><td class="num">{u.in_flight:,}</td>{_admission_cells(u)}</tr>'
+        for u in status.upstreams)
     upstream_table = '<p class="muted">No live worker reports an upstream.</p>'
     if upstreams:
-        upstream_table = (f'<table><tr><th>upstream</th><th>health</th><th>workers</th><th>in flight</th></tr>'
-                          f'{upstreams}</table>')
+        upstream_table = (f'<table><tr><th>upstream</th><th>health</th><th>workers</th><th>in flight</th>'
+                          f'<th>target</th><th>server running</th><th>waiting</th><th>KV use</th><th>retracted</th>'
+                          f'<th>server tok/s</th></tr>{upstreams}</table>')
     return ('<section id="fleet"><h2>Fleet</h2><table><tr><th>partition</th><th>queued (all runs)</th>'
             f'<th>in flight</th><th>slots</th><th>workers</th><th>tok/s 1m</th></tr>{partitions}</table>'
             f'{upstream_table}</section>')
@@ -375,6 +377,19 @@ def _clip(message: str, limit: int = 240) -> str:
 
 def _clock(unix: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+
+
+def _admission_cells(upstream: UpstreamStatus) -> str:
+    """`--in-flight auto`'s target and the server's own load; a host that waits on its KV
+    reservations is marked admission-bound."""
+    target = "fixed" if upstream.target is None else f"{upstream.target:,}"
+    load = upstream.load
+    if load is None:
+        return f'<td class="num">{target}</td>' + '<td class="num">–</td>' * 5
+    bound = ' <strong class="bad">admission-bound</strong>' if upstream.admission_bound else ""
+    return (f'<td class="num">{target}</td><td class="num">{load.running:,}</td>'
+            f'<td class="num">{load.waiting:,}{bound}</td><td class="num">{load.token_usage:.0%}</td>'
+            f'<td class="num">{load.retracted:,}</td><td class="num">{load.gen_throughput:,.0f}</td>')
 
 
 def _e(value: object) -> str:

@@ -150,6 +150,14 @@ class UpstreamStatus:
     workers: int  # live workers routing to it
     down_in: int  # of those, how many have its circuit open
     in_flight: int
+    # `--in-flight auto`: the workers' targets summed (None: every worker fixed), and the host's
+    # load as the most recent worker read it.
+    target: int | None = None
+    load: fleet_stats.ServerLoad | None = None
+
+    @property
+    def admission_bound(self) -> bool:
+        return self.load is not None and self.load.admission_bound()
 
 
 @dataclass(frozen=True)
@@ -364,9 +372,13 @@ def _totals(progress: RunProgress, rows: list[DatasetStatus], window_counts: fle
 
 
 def _upstreams(live: list[fleet_stats.WorkerBeacon]) -> list[UpstreamStatus]:
-    seen: dict[str, list[int]] = {}
-    for beacon in live:
+    seen: dict[str, UpstreamStatus] = {}
+    for beacon in sorted(live, key=lambda b: b.time):  # the latest reading of a host's load wins
         for upstream in beacon.upstreams:
-            workers, down, in_flight = seen.setdefault(upstream.url, [0, 0, 0])
-            seen[upstream.url] = [workers + 1, down + (not upstream.healthy), in_flight + upstream.in_flight]
-    return [UpstreamStatus(url, *counts) for url, counts in sorted(seen.items())]
+            was = seen.get(upstream.url, UpstreamStatus(upstream.url, 0, 0, 0))
+            target = None if upstream.target is None and was.target is None else (
+                (was.target or 0) + (upstream.target if upstream.target is not None else upstream.in_flight))
+            seen[upstream.url] = UpstreamStatus(
+                upstream.url, was.workers + 1, was.down_in + (not upstream.healthy), was.in_flight + upstream.in_flight,
+                target=target, load=upstream.load or was.load)
+    return [seen[url] for url in sorted(seen)]

@@ -44,6 +44,7 @@ from genfleet.status.read_model import (
     PartitionStatus,
     RunStatus,
     Throughput,
+    UpstreamStatus,
 )
 
 STATUS_WIDTH = 120  # into a pipe or a file: the table without its detail columns
@@ -187,15 +188,25 @@ def texts(values: Sequence[str | Text]) -> list[Text]:
 _PARTITIONS_TITLE = "partitions (queues are shared by all runs)"
 
 
+def upstream_line(upstream: UpstreamStatus) -> str:
+    """One host: health, streams, and with `--in-flight auto` the target and the server's own load."""
+    text = f"{upstream.url} {'DOWN' if upstream.down_in else 'up'} ({upstream.workers} workers, " \
+           f"{upstream.in_flight} in flight"
+    if upstream.target is not None:
+        text += f", target {upstream.target}"
+    if (load := upstream.load) is not None:
+        text += (f"; server {load.running} running, {load.waiting} waiting, KV {load.token_usage:.0%}, "
+                 f"{load.retracted} retracted, {load.gen_throughput:,.0f} tok/s")
+    return text + ")" + (" ADMISSION-BOUND" if upstream.admission_bound else "")
+
+
 # --- tables ------------------------------------------------------------------------------------
 def render(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS, *, wide: bool = False) -> RenderableType:
     """The fitted tables, or with `wide` every column (rich wraps cells on a terminal too narrow)."""
     parts: list[RenderableType] = ([dataset_table(status), partition_table(status)] if wide
                                    else [fitted_dataset_table(status), fitted_partition_table(status)])
     if status.upstreams:
-        parts.append(Text("upstreams: " + " · ".join(
-            f"{u.url} {'DOWN' if u.down_in else 'up'} ({u.workers} workers, {u.in_flight} in flight)"
-            for u in status.upstreams)))
+        parts.append(Text("upstreams: " + " · ".join(upstream_line(u) for u in status.upstreams)))
     if any(row.eta is not None and row.eta.basis == FLEET and row.progress.pending for row in status.datasets):
         parts.append(Text("* ETA mostly from completion lengths seen fleet-wide: too few completions of its own yet",
                           style="dim"))
@@ -364,7 +375,7 @@ def status_json(status: RunStatus, settings: AlarmSettings = DEFAULT_ALARMS) -> 
         "totals": dataset_json(status.totals),
         "partitions": [{"partition": p.partition, "queued": p.queued, "in_flight": p.in_flight, "slots": p.slots,
                         "workers": p.workers, "rates": _rates_json(p.rates)} for p in status.partitions],
-        "upstreams": [asdict(u) for u in status.upstreams],
+        "upstreams": [{**asdict(u), "admission_bound": u.admission_bound} for u in status.upstreams],
         "alarms": alarms(status, settings),
     }
 

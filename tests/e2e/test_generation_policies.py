@@ -148,3 +148,34 @@ def test_samples_are_distinct_reproducible_and_enqueued_once(fleet, tmp_path):
         per_prompt[prompt].add(tuple(ids))
         assert k in {"0", "1", "2", "3"}
     assert len(per_prompt) == 15 and all(len(distinct) == 4 for distinct in per_prompt.values())
+
+
+def test_staged_first_caps_give_the_completions_of_the_full_cap_asked_at_once(fleet, tmp_path):
+    """`--first-max-new-tokens auto`, still at its start value: every first request asks 64 new
+    tokens; those cut there go on in their own queue to the real cap, and each record is the sim's
+    completion for the full cap, whichever way it was reached."""
+    flags = ("--length-tokens", "20:300", "--stream-interval", "8")
+    conversations = write_dataset(tmp_path / "s.jsonl", 24)
+    log_path = tmp_path / "completions.jsonl"
+    fleet.configure(tokenizer=TOKENIZER, stream_interval=8, first_cap_start=64, first_cap_min_samples=1000)
+    with SimProcess(*flags, "--rate", "5000", "--log-completions", str(log_path)) as sim:
+        fleet.start_worker("short", sim.url)
+        fleet.enqueue("s", f"s={tmp_path / 's.jsonl'}", extra=(
+            "--keep-token-ids", "--max-new-tokens-short", "250", "--first-max-new-tokens", "auto"))
+        progress = fleet.wait_finished("s", timeout=180)
+
+    assert (progress.totals().done, progress.totals().failed) == (24, 0)
+    full = planned(flags, conversations, 250)
+    rendered = PromptTemplater(str(TOKENIZER), None).render(conversations)
+    first_requests = {tuple(line["input_ids"]): line for line in read_jsonl(log_path)}
+    records = {r["id"]: r for r in fleet.records("s")}
+    assert len(records) == 24
+    for n, ids in enumerate(rendered):
+        record, expected = records[f"s/q{n}"], full[n]
+        assert record["output_ids"] == expected.output_ids
+        assert record["finish_reason"] == ("length" if len(expected.output_ids) == 250 else "stop")
+        first = first_requests[tuple(ids)]
+        assert len(first["output_ids"]) == min(64, len(expected.output_ids))
+        assert record.get("continued") == (1 if len(expected.output_ids) > 64 else None)
+        assert record["partition"] == "short"
+    assert 0 < sum(1 for r in records.values() if r.get("continued")) < 24  # both kinds were there

@@ -39,6 +39,7 @@ CONCURRENCY = 8  # 37 prompts in ~5 rounds: several scrapes see the run at work
 # chat is cut at 24 tokens (finish_reason length), code never is: the truncated-share panel must
 # show 0 for code, not leave it out.
 RUN_FILE = """
+first_max_new_tokens = "auto"
 [datasets.chat]
 path = "chat.jsonl"
 max_new_tokens = 24
@@ -67,7 +68,9 @@ def scraped(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
     write_prompts(workdir / "code.jsonl", 12, "code question number", extra=("a very long prompt " * 60,))
     (workdir / "run.toml").write_text(RUN_FILE)
     # Three 500s in a row would open the single upstream's circuit for 30 s: not what this run is about.
-    with Fleet(redis_server, workdir, retry_backoff_s=0.1, retry_backoff_max_s=0.3, breaker_failures=50) as fleet, \
+    # `--in-flight auto` and `--first-max-new-tokens auto`, for the admission panels (the sim answers /v1/loads).
+    with Fleet(redis_server, workdir, retry_backoff_s=0.1, retry_backoff_max_s=0.3, breaker_failures=50,
+               in_flight_mode="auto", admission_interval_s=0.5) as fleet, \
             SimProcess(*SIM) as sim:
         worker_port, flower_port = free_port(), free_port()
         # A worker pod's series carry its namespace (prometheus-operator's PodMonitor relabelling adds

@@ -56,8 +56,9 @@ class RealServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def spawn(self) -> RealServer:
-        self.port = free_port()
+    def spawn(self, *, same_port: bool = False) -> RealServer:
+        """Starts the server; `same_port`: where it ran before (a host that comes back)."""
+        self.port = self.port if same_port and self.port else free_port()
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
                "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE / "stand_ins")]),
                # One OpenMP thread each: several servers and the fleet share two cores.

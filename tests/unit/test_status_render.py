@@ -173,3 +173,20 @@ def test_into_a_file_the_console_is_120_columns_and_wide_220():
     if sys.stdout.isatty():
         pytest.skip("stdout is a terminal (pytest -s): this is about a pipe or a file")
     assert (status_console().width, status_console(wide=True).width) == (STATUS_WIDTH, WIDE_WIDTH) == (120, 220)
+
+
+def test_an_admission_bound_host_is_named_with_its_load_and_what_to_run():
+    from dataclasses import replace
+
+    from genfleet.common.fleet_stats import ServerLoad
+    from genfleet.status.alarms import alarms
+
+    bound = UpstreamStatus("http://10.0.0.7:30000", 2, 0, 150, target=150,
+                           load=ServerLoad(running=7, waiting=143, token_usage=0.11, retracted=0, gen_throughput=812.0))
+    status = replace(big_run(), upstreams=[bound])
+    text = " ".join(printed(status, 200))
+    assert "target 150; server 7 running, 143 waiting, KV 11%, 0 retracted, 812 tok/s) ADMISSION-BOUND" in text
+    assert any(line.startswith("admission-bound: http://10.0.0.7:30000 has 143 requests waiting at 11% KV use")
+               and "--first-max-new-tokens auto" in line for line in alarms(status))
+    busy = replace(bound, load=ServerLoad(running=140, waiting=5, token_usage=0.93, retracted=0, gen_throughput=9e3))
+    assert not any("admission-bound" in line for line in alarms(replace(status, upstreams=[busy])))

@@ -23,6 +23,8 @@ What a completion cut at max_new_tokens becomes (`--on-truncated`), decided once
 
 A completion the loop guard stopped or flagged is never continued: more of a loop is not data. Nor
 is one the server itself stopped short of its max_new_tokens: its context is full (`server_cut`).
+A cut at a staged first cap (`--first-max-new-tokens`, workers/generation/first_cap.py) is not a
+truncation: it always goes on, in its own queue, up to the prompt's real cap.
 
 Generating a payload's replies: route to an upstream, stream (with the loop guard watching),
 split reasoning from content. One reply, or with `--regenerate all` every assistant turn in order;
@@ -124,32 +126,47 @@ def joined(prior: Continuation | None, generation: Generation,
 def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started_at: float) -> TaskPayload | None:
     """The task to publish instead of writing a record, or None to write it. `generation` is the
     whole completion so far (`joined`)."""
-    if generation.finish_reason.get("type") != "length" or generation.loop is not None:
+    if generation.finish_reason.get("type") != "length" or server_cut(payload, generation):
         return None
-    if payload.regenerate != "last" or payload.on_truncated == "keep" or server_cut(payload, generation):
+    if payload.staged_from is not None and generation.output_ids:
+        # Cut at the first cap (workers/generation/first_cap.py): go on up to the real cap, in the
+        # prompt's own queue, whatever `on_truncated` says (a cut there is judged by it). A loop
+        # only flagged would have run on to the real cap too; the next part's guard, fed this one's
+        # ids first, finds it again at the same token.
+        return _continued(payload, generation, payload.staged_from - generation.completion_tokens,
+                          started_at, partition=payload.partition, staged_from=None)
+    if generation.loop is not None or payload.regenerate != "last" or payload.on_truncated == "keep":
         return None
     total = max(payload.max_new_tokens_total or 0, payload.max_new_tokens)
     policy = payload.on_truncated
     if policy == "continue" and (api == "chat" or payload.input_ids is None or not generation.output_ids):
         policy = "regenerate"  # no token ids to continue from
-    fresh = {"partition": LONG, "attempt": 1, "failed_upstream": None}
     if policy == "continue":
-        left = total - generation.completion_tokens
-        if left <= 0:
-            return None
-        prior = Continuation.of(payload)
-        parts = Continuation(
-            output_ids=list(generation.output_ids or []), text=generation.text,
-            completion_tokens=generation.completion_tokens, reasoning_tokens=generation.reasoning_tokens,
-            cached_tokens=generation.cached_tokens, prompt_tokens=generation.prompt_tokens,
-            parts=prior.parts + 1 if prior else 1,  # this request included
-            first_token_s=generation.first_token_s,
-            started_at=prior.started_at if prior else started_at,
-        )
-        return replace(payload, max_new_tokens=left, continuation=parts.to_dict(), **fresh)
-    if payload.regenerated or total <= payload.max_new_tokens:
+        return _continued(payload, generation, total - generation.completion_tokens, started_at, partition=LONG)
+    # The budget this completion was cut at: this part's, or with a staged first cap the whole
+    # chain's (this part asked only what was left of it).
+    if payload.regenerated or total <= max(payload.max_new_tokens, generation.completion_tokens):
         return None  # asked once with the larger budget already
-    return replace(payload, max_new_tokens=total, regenerated=True, continuation=None, **fresh)
+    return replace(payload, max_new_tokens=total, regenerated=True, continuation=None, partition=LONG,
+                   attempt=1, failed_upstream=None)
+
+
+def _continued(payload: TaskPayload, generation: Generation, left: int, started_at: float,
+               **changes: Any) -> TaskPayload | None:
+    """The exact continuation of `generation` asking `left` more tokens; None when nothing is left."""
+    if left <= 0:
+        return None
+    prior = Continuation.of(payload)
+    parts = Continuation(
+        output_ids=list(generation.output_ids or []), text=generation.text,
+        completion_tokens=generation.completion_tokens, reasoning_tokens=generation.reasoning_tokens,
+        cached_tokens=generation.cached_tokens, prompt_tokens=generation.prompt_tokens,
+        parts=prior.parts + 1 if prior else 1,  # this request included
+        first_token_s=generation.first_token_s,
+        started_at=prior.started_at if prior else started_at,
+    )
+    return replace(payload, max_new_tokens=left, continuation=parts.to_dict(), attempt=1, failed_upstream=None,
+                   **changes)
 
 
 def server_cut(payload: TaskPayload, generation: Generation) -> bool:

@@ -1,0 +1,87 @@
+"""`--in-flight auto` against the simulator's `/v1/loads` (its `--max-running` slots stand for the
+KV cache that admits requests): a worker's target settles just above what the host admits, two
+workers on one host settle at the same sum, a host that goes away is ramped up again when it comes
+back, and a host without `/v1/loads` keeps the fixed count. Read from the workers' beacons, as
+`genfleet status` reads them."""
+from __future__ import annotations
+
+import time
+
+from helpers.data import write_jsonl
+from helpers.sim_process import SimProcess
+
+from genfleet.common.fleet_stats import read_beacons, wanted_waiting
+from genfleet.workers.admission import START
+
+ADMITS = 24  # the sim's --max-running
+CEILING = 100  # --concurrency: far above what the host admits
+# Requests of ~8 s each, so that every worker keeps its target full for the whole test.
+SIM_FLAGS = ("--rate", "100", "--length-tokens", "700:900", "--stream-interval", "64")
+
+
+def targets(fleet, url: str) -> list[int | None]:
+    return [u.target for b in read_beacons(fleet.redis) for u in b.upstreams if u.url == url]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := condition()) is not None:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{what} within {timeout:.0f} s")
+
+
+def settled_sum(fleet, url: str, workers: int, seconds: float = 12.0) -> float:
+    """The workers' summed target, averaged over `seconds` once each has a target."""
+    wait_for(lambda: True if len([t for t in targets(fleet, url) if t]) == workers else None, 30, "targets")
+    time.sleep(6.0)  # the ramp from START
+    sums = []
+    for _ in range(int(seconds / 0.5)):
+        sums.append(sum(t or 0 for t in targets(fleet, url)))
+        time.sleep(0.5)
+    return sum(sums) / len(sums)
+
+
+def start(fleet, tmp_path, url: str, workers: int, prompts: int = 400) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"admission {n}"} for n in range(prompts)])
+    fleet.configure(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2)
+    for _ in range(workers):
+        fleet.start_worker("short", url, concurrency=CEILING)
+    fleet.enqueue("adm", f"a={tmp_path / 'a.jsonl'}", extra=("--max-new-tokens-short", "1000"))
+
+
+def test_one_and_two_workers_settle_just_above_what_the_host_admits(fleet, tmp_path):
+    with SimProcess(*SIM_FLAGS, "--max-running", str(ADMITS)) as sim:
+        start(fleet, tmp_path, sim.url, workers=1)
+        alone = settled_sum(fleet, sim.url, 1)
+        fleet.start_worker("short", sim.url, concurrency=CEILING)
+        together = settled_sum(fleet, sim.url, 2)
+    assert ADMITS <= alone <= ADMITS + 2 * wanted_waiting(ADMITS) + 1, alone
+    assert abs(together - alone) <= 0.1 * alone + 1, (alone, together)
+
+
+def test_a_host_that_goes_away_is_ramped_up_again_when_it_comes_back(fleet, tmp_path):
+    sim = SimProcess(*SIM_FLAGS, "--max-running", "60")
+    sim.start()
+    try:
+        start(fleet, tmp_path, sim.url, workers=1)
+        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= 55 else None, 40, "a target of 55")
+        port = sim.port
+        sim.stop()
+        # Down: its circuit opens (the probes, failed requests) and its target falls back to the start.
+        wait_for(lambda: True if targets(fleet, sim.url) == [START] else None, 60, "the start target")
+        sim = SimProcess(*SIM_FLAGS, "--max-running", "60", port=port)
+        sim.start()
+        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= 55 else None, 60, "the ramp again")
+    finally:
+        sim.stop()
+
+
+def test_a_host_without_loads_keeps_the_fixed_count_and_says_so(fleet, tmp_path):
+    with SimProcess(*SIM_FLAGS, "--max-running", str(ADMITS), "--no-loads") as sim:
+        start(fleet, tmp_path, sim.url, workers=1, prompts=60)
+        wait_for(lambda: True if targets(fleet, sim.url) == [CEILING] else None, 30, "the fixed count")
+        log = fleet.workers[0].log.read_text()
+    assert ("has no /v1/loads (an older SGLang, or a router in front): its in-flight count stays fixed at "
+            f"{CEILING}") in log

@@ -1,0 +1,62 @@
+"""`--in-flight auto` on SGLang's own scheduler: a server that admits 20 requests at once
+(`--max-running-requests 20`) queues the rest (0.5.23 `managers/scheduler.py`, its waiting queue),
+and reports both in `/v1/loads`. One worker's target settles just above what it admits; two
+workers on the same server settle at a combined target within ±10% of one worker's; a server that
+goes away (SIGKILL) and comes back on its port is ramped up again from the start."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers.waits import wait_until
+from server import RealServer
+from tier import enqueue, write_plan_prompts
+
+from genfleet.common.fleet_stats import read_beacons, wanted_waiting
+from genfleet.workers.admission import START
+
+ADMITS = 20
+CEILING = 80
+PLAN = "[plan len=3000]"  # each request outlives the test's windows: every worker stays full
+QUICK = dict(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2,
+             retry_backoff_s=0.1, retry_backoff_max_s=0.5)
+
+
+def targets(fleet, url: str) -> list[int]:
+    return [u.target for b in read_beacons(fleet.redis) for u in b.upstreams if u.url == url and u.target]
+
+
+def settled_sum(fleet, url: str, workers: int, seconds: float = 12.0) -> float:
+    wait_until(lambda: len(targets(fleet, url)) == workers, 60, 0.25, f"{workers} workers' targets")
+    time.sleep(8.0)  # the ramp from START
+    sums = []
+    for _ in range(int(seconds / 0.5)):
+        sums.append(sum(targets(fleet, url)))
+        time.sleep(0.5)
+    return sum(sums) / len(sums)
+
+
+@pytest.mark.kills_a_server
+@pytest.mark.timeout(600)
+def test_workers_on_a_real_server_settle_on_what_it_admits_and_ramp_up_again_after_it_comes_back(
+        venv, model, real_fleet, tmp_path):
+    server = RealServer(venv, model, "--max-running-requests", str(ADMITS), name="admits").start()
+    try:
+        real_fleet.configure(**QUICK)
+        data = write_plan_prompts(tmp_path / "a.jsonl", 400, (PLAN,), stem="admission")
+        real_fleet.start_worker("short", server.url, concurrency=CEILING)
+        enqueue(real_fleet, model, "adm", f"a={data}", extra=("--max-new-tokens", "3000"))
+        alone = settled_sum(real_fleet, server.url, 1)
+        load = server.load()
+        assert load["num_running_reqs"] == ADMITS and load["num_waiting_reqs"] > 0  # short but not empty
+        real_fleet.start_worker("short", server.url, concurrency=CEILING)
+        together = settled_sum(real_fleet, server.url, 2)
+
+        server.kill()
+        wait_until(lambda: targets(real_fleet, server.url) == [START, START], 60, 0.25, "both back at the start")
+        server.spawn(same_port=True).wait_healthy()
+        wait_until(lambda: sum(targets(real_fleet, server.url)) >= ADMITS, 90, 0.25, "the ramp after the restart")
+    finally:
+        server.stop()
+    assert ADMITS <= alone <= ADMITS + 2 * wanted_waiting(ADMITS) + 1, alone
+    assert abs(together - alone) <= 0.1 * alone, (alone, together)

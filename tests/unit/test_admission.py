@@ -1,0 +1,101 @@
+"""`--in-flight auto`'s rule (workers/admission.py) against a model server: the combined target of
+several workers on one host settles where one worker's does, a host with room is filled up to the
+ceiling while its tok/s rises and no further once it stops rising, and retractions and a long
+queue lower the target. The model server admits `admits` requests (its KV cache) and queues the
+rest, as SGLang does."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from genfleet.common.fleet_stats import ServerLoad, wanted_waiting
+from genfleet.workers.admission import START, HostAdmission, next_target, streams
+
+
+def reading(held: int, admits: int, *, saturates_at: int = 10_000, retracted: int = 0) -> ServerLoad:
+    running = min(held, admits)
+    return ServerLoad(running=running, waiting=held - running, token_usage=running / max(admits, 1),
+                      retracted=retracted, gen_throughput=30.0 * min(running, saturates_at))
+
+
+def settle(workers: int, admits: int, *, ceiling: int = 150, steps: int = 120, saturates_at: int = 10_000,
+           start: int = START) -> list[int]:
+    """Each worker fills its target (it has prompts to spare) and moves it on the same reading."""
+    hosts = [HostAdmission(target=start) for _ in range(workers)]
+    now = 0.0
+    for _ in range(steps):
+        load = reading(sum(streams(h.target) for h in hosts), admits, saturates_at=saturates_at)
+        for host in hosts:
+            host.target = next_target(host, load, mine=streams(host.target), ceiling=ceiling, now=now)
+        now += 2.0
+    return [streams(h.target) for h in hosts]
+
+
+@settings(deadline=None)
+@given(admits=st.integers(20, 140), workers=st.integers(2, 4))
+def test_several_workers_on_one_host_settle_where_one_worker_does(admits, workers):
+    alone = sum(settle(1, admits))
+    together = sum(settle(workers, admits))
+    assert abs(together - alone) <= 0.1 * alone, (alone, together)
+    # Short but not empty: a few waiting beyond what the host admits.
+    assert admits <= alone <= admits + 2 * wanted_waiting(admits)
+
+
+def test_a_host_with_room_is_filled_to_the_ceiling_while_its_tok_s_rises():
+    assert settle(1, admits=1000, ceiling=150) == [150]
+    assert sum(settle(3, admits=1000, ceiling=150)) == 450
+
+
+def test_no_further_raise_once_the_hosts_tok_s_stops_rising():
+    target = settle(1, admits=1000, ceiling=400, saturates_at=60, steps=20)[0]
+    assert 60 <= target <= 150  # three flat raises past the knee, then held
+
+
+def test_a_retraction_lowers_the_target_by_a_fifth_and_a_long_queue_by_half_the_excess():
+    host = HostAdmission(target=100)
+    assert next_target(host, reading(100, 100, retracted=3), mine=100, ceiling=150, now=0.0) == 80
+    host = HostAdmission(target=100)
+    # 100 held, 60 admitted: 40 waiting, 3 wanted, this worker holds all: down by half of 37.
+    assert next_target(host, reading(100, 60), mine=100, ceiling=150, now=0.0) == 81.5
+    # Holding half of what the server holds, it takes half the correction.
+    host = HostAdmission(target=50)
+    assert next_target(host, reading(100, 60), mine=50, ceiling=150, now=0.0) == 50 - 9.25
+    # Between once and twice the waiting it wants: held.
+    host = HostAdmission(target=64)
+    assert next_target(host, reading(64, 60), mine=64, ceiling=150, now=0.0) == 64
+
+
+def test_a_worker_that_does_not_fill_its_target_does_not_raise_it():
+    host = HostAdmission(target=40)
+    assert next_target(host, reading(10, 100), mine=10, ceiling=150, now=0.0) == 40
+
+
+def test_the_target_never_leaves_one_to_the_ceiling():
+    host = HostAdmission(target=1)
+    assert next_target(host, reading(500, 10), mine=1, ceiling=150, now=0.0) == 1
+    host = HostAdmission(target=149)
+    assert next_target(host, reading(149, 1000), mine=149, ceiling=150, now=0.0) == 150
+
+
+def test_loads_of_every_data_parallel_rank_are_summed():
+    body = {"loads": [
+        {"dp_rank": 0, "num_running_reqs": 30, "num_waiting_reqs": 4, "token_usage": 0.31, "gen_throughput": 900.5,
+         "max_total_num_tokens": 200_000, "queues": {"waiting": 4, "retracted": 0}},
+        {"dp_rank": 1, "num_running_reqs": 28, "num_waiting_reqs": 0, "token_usage": 0.44, "gen_throughput": 850.0,
+         "max_total_num_tokens": 200_000, "queues": {"waiting": 0, "retracted": 2}},
+    ]}
+    load = ServerLoad.from_loads(body)
+    assert (load.running, load.waiting, load.retracted) == (58, 4, 2)
+    assert load.token_usage == 0.44 and load.gen_throughput == 1750.5 and load.max_total_tokens == 400_000
+
+
+@pytest.mark.parametrize("body", [{}, {"loads": []}, {"loads": "x"}, {"loads": [{"num_running_reqs": 1}]}])
+def test_an_answer_without_loads_is_refused(body):
+    with pytest.raises((KeyError, ValueError)):
+        ServerLoad.from_loads(body)
+
+
+def test_many_waiting_at_low_kv_use_is_admission_bound():
+    assert ServerLoad(running=7, waiting=143, token_usage=0.11, retracted=0, gen_throughput=1.0).admission_bound()
+    assert not ServerLoad(running=140, waiting=10, token_usage=0.95, retracted=0, gen_throughput=1.0).admission_bound()

@@ -1,0 +1,183 @@
+"""`--in-flight auto`: each SGLang host's open streams follow the host's own load.
+
+A fixed in-flight count is a guess about the server. SGLang queues what it cannot admit instead of
+refusing it (its waiting queue, `managers/scheduler.py`), so a count above what its KV cache admits
+only lengthens that queue (every request's time to first token), and a count below it leaves
+decode batch, and tok/s, unused. The server reports both sides: `/v1/loads` (0.5.23
+`entrypoints/v1_loads.py`, built by `managers/scheduler_components/load_inquirer.py::get_loads`)
+gives per data-parallel rank `num_running_reqs`, `num_waiting_reqs`, `token_usage` (KV in use ÷
+capacity), `gen_throughput` (decode tok/s over its last log interval), `max_total_num_tokens` and
+`queues.retracted` (requests retracted at the last retraction: the KV ran out mid-decode, and
+their decoded tokens are computed again).
+
+The rule, per host, every `admission_interval_s`:
+- retractions: the KV cache ran out; lower the target by a fifth.
+- a waiting queue above twice `wanted_waiting` (a few requests, 5% of those running: the queue is
+  to be short, never empty, so that the scheduler refills a finished request's slot at once):
+  lower the target by half the excess over `wanted_waiting`, weighted by this worker's share of
+  what the server holds. Between once and twice it: hold.
+- a waiting queue below it, and this worker filling its target: raise the target, by a quarter
+  when nothing waits, else by half the shortfall (weighted by the share), while each raise still
+  raises the host's tok/s; after `FLAT_RAISES` raises in a row that did not, hold for `HOLD_S`,
+  then try again (the host's shape may have changed).
+- never above the ceiling (`--concurrency` split over the hosts: an operator raises it there),
+  never below 1.
+
+Several workers share a host, and the server's counts are their sum. Each worker moves its own
+target by its share of the correction (or by the same factor, for the multiplicative steps), so
+the sum moves as one worker's would, whatever the number of workers: they converge to the same
+combined target without talking to each other (tests/unit/test_admission.py simulates it).
+
+A host without `/v1/loads` (an older SGLang, a router, a proxy) keeps the fixed share, said once
+in the log and by `genfleet doctor`. A host that goes down starts again from `START` when it comes
+back: its cache, and perhaps its shape, are new.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from genfleet.common.fleet_stats import ServerLoad
+from genfleet.workers.upstreams import UpstreamPool
+
+log = logging.getLogger(__name__)
+
+LOADS_PATH = "/v1/loads"
+# Where a host's target starts (and starts again after the host was down): low enough that a
+# KV-limited host is not flooded before its first reading, raised by a quarter per reading.
+START = 16
+RAISE_FACTOR = 1.25
+RETRACTION_FACTOR = 0.8
+EXCESS_GAIN = 0.5
+# A raise that did not lift the host's tok/s by this fraction counts as flat.
+MIN_GAIN = 0.02
+FLAT_RAISES = 3
+HOLD_S = 60.0
+
+
+@dataclass
+class HostAdmission:
+    """One host's target and what it was decided on."""
+    target: float
+    mode: str = "auto"  # "auto", or "fixed" when the host does not report its load
+    load: ServerLoad | None = None
+    raised_from_tps: float | None = None  # the host's tok/s before the last raise
+    flat_raises: int = 0
+    hold_until: float = 0.0
+    history: list[tuple[float, int]] = field(default_factory=list)
+
+
+def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: int, now: float) -> float:
+    """The host's next target for this worker, from its reading `load`; `mine`: this worker's
+    streams open to it now. A float: each worker's share of a correction is a fraction of a
+    stream, and rounding each step would make the sum depend on the number of workers."""
+    target = host.target
+    if host.raised_from_tps is not None:  # judge the last raise by what it did to tok/s
+        gained = load.gen_throughput > host.raised_from_tps * (1 + MIN_GAIN)
+        host.flat_raises = 0 if gained else host.flat_raises + 1
+        host.raised_from_tps = None
+        if host.flat_raises >= FLAT_RAISES:
+            host.flat_raises, host.hold_until = 0, now + HOLD_S
+    held = load.running + load.waiting
+    share = min(mine / held, 1.0) if held > 0 else 1.0
+    wanted = load.wanted_waiting()
+    filling = mine >= 0.9 * math.floor(target)
+    if load.retracted > 0:
+        target *= RETRACTION_FACTOR
+    elif load.waiting > 2 * wanted:
+        target -= share * (load.waiting - wanted) * EXCESS_GAIN
+    elif load.waiting < wanted and filling and now >= host.hold_until and target < ceiling:
+        host.raised_from_tps = load.gen_throughput
+        if load.waiting == 0:  # room, perhaps much: a quarter more (at least a stream in all)
+            target = max(target * RAISE_FACTOR, target + share)
+        else:
+            target += share * (wanted - load.waiting) * EXCESS_GAIN
+    return max(1.0, min(target, float(ceiling)))
+
+
+def streams(target: float) -> int:
+    """The cap a target gives: whole streams, at least one."""
+    return max(1, math.floor(target + 0.5))
+
+
+class AdmissionControl:
+    """The `auto` in-flight controller of one worker: a thread that reads each healthy host's load
+    and sets its cap in the upstream pool."""
+
+    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, start: int = START) -> None:
+        self.pool = pool
+        self.ceiling = ceiling
+        self.interval_s = interval_s
+        self.start = min(start, ceiling)
+        self.hosts = {url: HostAdmission(target=self.start) for url in pool.urls}
+        self._http = httpx.Client(timeout=httpx.Timeout(5.0))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="admission", daemon=True)
+        self._lock = threading.Lock()
+        for url, host in self.hosts.items():
+            pool.set_cap(url, streams(host.target))
+
+    def start_thread(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._http.close()
+
+    def snapshot(self) -> dict[str, HostAdmission]:
+        with self._lock:
+            return {url: HostAdmission(target=h.target, mode=h.mode, load=h.load) for url, h in self.hosts.items()}
+
+    def step(self) -> None:
+        """One reading of every host, and the new targets."""
+        healthy = set(self.pool.healthy())
+        in_flight = self.pool.in_flight()
+        for url, host in self.hosts.items():
+            if url not in healthy:
+                with self._lock:
+                    if host.mode == "auto":
+                        host.target, host.load, host.raised_from_tps, host.flat_raises = self.start, None, None, 0
+                self.pool.set_cap(url, streams(host.target))
+                continue
+            load = self._read(url, host)
+            if load is None:
+                continue
+            with self._lock:
+                host.load = load
+                host.target = next_target(host, load, mine=in_flight.get(url, 0), ceiling=self.ceiling,
+                                          now=time.monotonic())
+                host.history.append((time.time(), streams(host.target)))
+                del host.history[:-512]
+            self.pool.set_cap(url, streams(host.target))
+
+    def _read(self, url: str, host: HostAdmission) -> ServerLoad | None:
+        try:
+            response = self._http.get(f"{url}{LOADS_PATH}")
+        except httpx.HTTPError:
+            return None  # the breaker and the probes judge the host; keep the last target
+        if response.status_code in (404, 405):
+            if host.mode == "auto":
+                log.warning("%s has no %s (an older SGLang, or a router in front): its in-flight count stays "
+                            "fixed at %d", url, LOADS_PATH, self.ceiling)
+                with self._lock:
+                    host.mode, host.target = "fixed", self.ceiling
+                self.pool.set_cap(url, self.ceiling)
+            return None
+        try:
+            response.raise_for_status()
+            return ServerLoad.from_loads(response.json())
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            log.debug("%s %s unreadable: %s", url, LOADS_PATH, error)
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - the controller must outlive any one bad reading
+                log.exception("admission control step failed")
