@@ -11,11 +11,13 @@ capacity), `gen_throughput` (decode tok/s over its last log interval), `max_tota
 their decoded tokens are computed again).
 
 The rule, per host, every `admission_interval_s`:
-- retractions: the KV cache ran out; lower the target by a fifth.
+- retractions: the KV cache ran out; lower the target to four fifths of this worker's streams.
 - a waiting queue above twice `wanted_waiting` (a few requests, 5% of those running: the queue is
   to be short, never empty, so that the scheduler refills a finished request's slot at once):
-  lower the target by half the excess over `wanted_waiting`, weighted by this worker's share of
-  what the server holds. Between once and twice it: hold.
+  lower the target to this worker's streams less half the excess over `wanted_waiting`, weighted
+  by its share of what the server holds. Between once and twice it: hold. (Decreases start from
+  the streams open, not from the last target: lowering a target closes no stream, so the readings
+  until the streams drain would otherwise lower it again and again, down to one.)
 - a waiting queue below it, and this worker filling its target: raise the target, by a quarter
   when nothing waits, else by half the shortfall (weighted by the share), while each raise still
   raises the host's tok/s; after `FLAT_RAISES` raises in a row that did not, hold for `HOLD_S`,
@@ -87,10 +89,13 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     share = min(mine / held, 1.0) if held > 0 else 1.0
     wanted = load.wanted_waiting()
     filling = mine >= 0.9 * math.floor(target)
+    # A lowered target closes no stream: the host sees fewer only as streams finish, seconds later.
+    # So a decrease is taken from the streams open now, not from the last target: readings taken
+    # before the streams drain ask for the same target again instead of lowering it once more each.
     if load.retracted > 0:
-        target *= RETRACTION_FACTOR
+        target = min(target, mine * RETRACTION_FACTOR)
     elif load.waiting > 2 * wanted:
-        target -= share * (load.waiting - wanted) * EXCESS_GAIN
+        target = min(target, mine - share * (load.waiting - wanted) * EXCESS_GAIN)
     elif load.waiting < wanted and filling and now >= host.hold_until and target < ceiling:
         host.raised_from_tps = load.gen_throughput
         if load.waiting == 0:  # room, perhaps much: a quarter more (at least a stream in all)

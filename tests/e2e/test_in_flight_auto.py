@@ -32,10 +32,10 @@ def wait_for(condition, timeout: float, what: str):
     raise AssertionError(f"{what} within {timeout:.0f} s")
 
 
-def settled_sum(fleet, url: str, workers: int, seconds: float = 12.0) -> float:
-    """The workers' summed target, averaged over `seconds` once each has a target."""
+def settled_sum(fleet, url: str, workers: int, *, after: float, seconds: float = 8.0) -> float:
+    """The workers' summed target, averaged over `seconds` from `after` seconds after each has one."""
     wait_for(lambda: True if len([t for t in targets(fleet, url) if t]) == workers else None, 30, "targets")
-    time.sleep(6.0)  # the ramp from START
+    time.sleep(after)
     sums = []
     for _ in range(int(seconds / 0.5)):
         sums.append(sum(t or 0 for t in targets(fleet, url)))
@@ -45,7 +45,8 @@ def settled_sum(fleet, url: str, workers: int, seconds: float = 12.0) -> float:
 
 def start(fleet, tmp_path, url: str, workers: int, prompts: int = 400) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"admission {n}"} for n in range(prompts)])
-    fleet.configure(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2)
+    fleet.configure(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2,
+                    shutdown_grace_s=1)
     for _ in range(workers):
         fleet.start_worker("short", url, concurrency=CEILING)
     fleet.enqueue("adm", f"a={tmp_path / 'a.jsonl'}", extra=("--max-new-tokens-short", "1000"))
@@ -54,10 +55,13 @@ def start(fleet, tmp_path, url: str, workers: int, prompts: int = 400) -> None:
 def test_one_and_two_workers_settle_just_above_what_the_host_admits(fleet, tmp_path):
     with SimProcess(*SIM_FLAGS, "--max-running", str(ADMITS)) as sim:
         start(fleet, tmp_path, sim.url, workers=1)
-        alone = settled_sum(fleet, sim.url, 1)
+        alone = settled_sum(fleet, sim.url, 1, after=5.0)  # the ramp from START
         fleet.start_worker("short", sim.url, concurrency=CEILING)
-        together = settled_sum(fleet, sim.url, 2)
-    assert ADMITS <= alone <= ADMITS + 2 * wanted_waiting(ADMITS) + 1, alone
+        # The first worker's streams above its lowered target drain as they finish (~8 s each).
+        together = settled_sum(fleet, sim.url, 2, after=12.0)
+    # Short but not empty: about what the host admits plus a few waiting (a finished request's
+    # slot stands empty for a moment, so the sum dips a little below now and then).
+    assert ADMITS - 2 <= alone <= ADMITS + 2 * wanted_waiting(ADMITS) + 1, alone
     assert abs(together - alone) <= 0.1 * alone + 1, (alone, together)
 
 
