@@ -18,7 +18,7 @@ from genfleet.workers.admission import START
 ADMITS = 20
 CEILING = 80
 PLAN = "[plan len=3000]"  # each request outlives the test's windows: every worker stays full
-QUICK = dict(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2,
+QUICK = dict(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2, shutdown_grace_s=1,
              retry_backoff_s=0.1, retry_backoff_max_s=0.5)
 
 
