@@ -347,7 +347,8 @@ class UpstreamHealth:
     url: str
     healthy: bool  # circuit closed: the worker sends it traffic
     in_flight: int
-    # `--in-flight auto`: this worker's target for the host, and the host's last load reading.
+    # This worker's cap for the host (its fixed share, or `--in-flight auto`'s target), and the
+    # host's last `/v1/loads` reading (None where it has none).
     target: int | None = None
     load: ServerLoad | None = None
 

@@ -201,7 +201,8 @@ COUNTER_FIELDS = (
     "truncated", "empty_reasoning", "empty_content", "aborted",
     # `integrity`: attempts whose stream contradicted itself (nothing written; retried). `looped`:
     # completions the loop guard stopped or flagged, and the tokens they cost. `continued` and
-    # `regenerated`: completions cut at max_new_tokens that were continued or asked again.
+    # `regenerated`: completions cut at max_new_tokens that were continued (past a staged first
+    # cap too: `--first-max-new-tokens`) or asked again.
     "integrity", "looped", "looped_tokens", "continued", "regenerated",
 )
 

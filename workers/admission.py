@@ -111,15 +111,20 @@ def streams(target: float) -> int:
 
 
 class AdmissionControl:
-    """The `auto` in-flight controller of one worker: a thread that reads each healthy host's load
-    and sets its cap in the upstream pool."""
+    """A thread that reads each healthy host's load, for `status` and the metrics, and with
+    `steer` (`--in-flight auto`) sets the host's cap in the upstream pool from it. Without `steer`
+    each host keeps its fixed share: the readings still show when a host is admission-bound, which
+    is what tells an operator on the defaults to try the other modes."""
 
-    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, start: int = START) -> None:
+    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, steer: bool,
+                 start: int = START) -> None:
         self.pool = pool
         self.ceiling = ceiling
         self.interval_s = interval_s
-        self.start = min(start, ceiling)
-        self.hosts = {url: HostAdmission(target=self.start) for url in pool.urls}
+        self.start = min(start, ceiling) if steer else ceiling
+        mode = "auto" if steer else "fixed"
+        self.hosts = {url: HostAdmission(target=self.start, mode=mode) for url in pool.urls}
+        self._unreadable: set[str] = set()  # hosts without /v1/loads, said once
         self._http = httpx.Client(timeout=httpx.Timeout(5.0))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="admission", daemon=True)
@@ -154,6 +159,8 @@ class AdmissionControl:
                 continue
             with self._lock:
                 host.load = load
+                if host.mode == "fixed":
+                    continue
                 host.target = next_target(host, load, mine=in_flight.get(url, 0), ceiling=self.ceiling,
                                           now=time.monotonic())
                 host.history.append((time.time(), streams(host.target)))
@@ -172,6 +179,9 @@ class AdmissionControl:
                 with self._lock:
                     host.mode, host.target = "fixed", self.ceiling
                 self.pool.set_cap(url, self.ceiling)
+            elif url not in self._unreadable:
+                log.info("%s has no %s: its load is not shown", url, LOADS_PATH)
+            self._unreadable.add(url)
             return None
         try:
             response.raise_for_status()

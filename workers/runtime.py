@@ -44,7 +44,7 @@ class WorkerRuntime:
     reaper: Reaper
     disk: DiskGuard
     first_caps: FirstCaps
-    # `--in-flight auto`: sets each host's cap from its load; None when fixed.
+    # Reads each host's load; with `--in-flight auto` sets its cap from it.
     admission: AdmissionControl | None = None
     # Set when the worker begins to shut down: running streams give their task back to the queue.
     shutdown: threading.Event = field(default_factory=threading.Event)
@@ -79,8 +79,8 @@ class WorkerRuntime:
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
             first_caps=FirstCaps(client_redis, settings),
             admission=AdmissionControl(upstreams, ceiling=per_upstream_cap(settings),
-                                       interval_s=settings.admission_interval_s)
-            if settings.in_flight_mode == "auto" else None,
+                                       interval_s=settings.admission_interval_s,
+                                       steer=settings.in_flight_mode == "auto"),
         )
 
     @property

@@ -150,8 +150,8 @@ class UpstreamStatus:
     workers: int  # live workers routing to it
     down_in: int  # of those, how many have its circuit open
     in_flight: int
-    # `--in-flight auto`: the workers' targets summed (None: every worker fixed), and the host's
-    # load as the most recent worker read it.
+    # The workers' in-flight targets summed (fixed shares or `--in-flight auto`'s; None from workers
+    # that predate them), and the host's load as the most recent worker read it.
     target: int | None = None
     load: fleet_stats.ServerLoad | None = None
 
