@@ -3,33 +3,24 @@ becomes, that the chain of parts ends where one request with the full cap ends, 
 read from a run's finished lengths (real Redis)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_generation_policies import generation
+from test_generation_policies import payload as policy_payload
 
 from genfleet.common.fleet_stats import record_completion
 from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, parse_first_cap, resolve
-from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import MIN_FIRST_CAP, FirstCaps, auto_value, staged
 from genfleet.workers.generation.replies import Continuation, follow_up, joined
 
 
 def payload(**changes) -> TaskPayload:
-    base = TaskPayload(run="r", id="d/1", dataset="d", row=1, partition="short", prompt_tokens=3,
-                       max_new_tokens=1000, messages=[{"role": "user", "content": "hi"}], input_ids=[1, 2, 3],
-                       first_max_new_tokens=100)
-    return replace(base, **changes)
-
-
-def generation(ids: list[int], finish: str = "length", **changes) -> Generation:
-    base = Generation(finish_reason={"type": finish}, prompt_tokens=3, completion_tokens=len(ids),
-                      reasoning_tokens=0, cached_tokens=0, first_token_s=0.1, duration_s=1.0,
-                      text="".join(f"<{i}>" for i in ids), output_ids=ids)
-    return replace(base, **changes)
+    """A prompt with a 1,000-token cap whose first request may ask 100 (no `--on-truncated`)."""
+    return policy_payload(**{"max_new_tokens": 1000, "on_truncated": "keep", "max_new_tokens_total": None,
+                             "first_max_new_tokens": 100, **changes})
 
 
 def test_a_first_request_asks_the_first_cap_and_remembers_the_full_one():
