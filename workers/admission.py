@@ -30,8 +30,10 @@ target by its share of the correction (or by the same factor, for the multiplica
 the sum moves as one worker's would, whatever the number of workers: they converge to the same
 combined target without talking to each other (tests/unit/test_admission.py simulates it).
 
-A host without `/v1/loads` (an older SGLang, a router, a proxy) keeps the fixed share, said once
-in the log and by `genfleet doctor`. A host that goes down starts again from `START` when it comes
+A host without `/v1/loads` (an older SGLang, a router, a proxy: a 404, or `UNREADABLE_READINGS`
+answers in a row that are not a load) keeps the fixed share, said once in the log and by
+`genfleet doctor`. A worker with no stream open to a host leaves its target as it is: the server's
+counts are other workers' then. A host that goes down starts again from `START` when it comes
 back: its cache, and perhaps its shape, are new.
 """
 from __future__ import annotations
@@ -60,6 +62,9 @@ EXCESS_GAIN = 0.5
 MIN_GAIN = 0.02
 FLAT_RAISES = 3
 HOLD_S = 60.0
+# Readings in a row without a usable answer (not a 404: an error page, a timeout, another schema)
+# after which `auto` gives a host up and keeps its fixed share.
+UNREADABLE_READINGS = 5
 
 
 @dataclass
@@ -71,6 +76,7 @@ class HostAdmission:
     raised_from_tps: float | None = None  # the host's tok/s before the last raise
     flat_raises: int = 0
     hold_until: float = 0.0
+    unreadable: int = 0  # readings in a row that gave nothing usable
     history: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -92,7 +98,9 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     # A lowered target closes no stream: the host sees fewer only as streams finish, seconds later.
     # So a decrease is taken from the streams open now, not from the last target: readings taken
     # before the streams drain ask for the same target again instead of lowering it once more each.
-    if load.retracted > 0:
+    if mine == 0:
+        pass  # no stream of this worker's is in the server's counts: its target is not what they say
+    elif load.retracted > 0:
         target = min(target, mine * RETRACTION_FACTOR)
     elif load.waiting > 2 * wanted:
         target = min(target, mine - share * (load.waiting - wanted) * EXCESS_GAIN)
@@ -150,12 +158,15 @@ class AdmissionControl:
         for url, host in self.hosts.items():
             if url not in healthy:
                 with self._lock:
+                    host.load = None  # a reading from before it went down says nothing now
                     if host.mode == "auto":
-                        host.target, host.load, host.raised_from_tps, host.flat_raises = self.start, None, None, 0
+                        host.target, host.raised_from_tps, host.flat_raises = self.start, None, 0
                 self.pool.set_cap(url, streams(host.target))
                 continue
             load = self._read(url, host)
             if load is None:
+                with self._lock:
+                    host.load = None
                 continue
             with self._lock:
                 host.load = load
@@ -174,21 +185,31 @@ class AdmissionControl:
             return None  # the breaker and the probes judge the host; keep the last target
         if response.status_code in (404, 405):
             if host.mode == "auto":
-                log.warning("%s has no %s (an older SGLang, or a router in front): its in-flight count stays "
-                            "fixed at %d", url, LOADS_PATH, self.ceiling)
-                with self._lock:
-                    host.mode, host.target = "fixed", self.ceiling
-                self.pool.set_cap(url, self.ceiling)
+                self._fix(url, host, f"it has no {LOADS_PATH} (an older SGLang, or a router in front)")
             elif url not in self._unreadable:
                 log.info("%s has no %s: its load is not shown", url, LOADS_PATH)
             self._unreadable.add(url)
             return None
         try:
             response.raise_for_status()
-            return ServerLoad.from_loads(response.json())
+            load = ServerLoad.from_loads(response.json())
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            # An answer, but not a load (an error page, another schema): counted, unlike a host
+            # that did not answer at all (the breaker and the probes judge that).
             log.debug("%s %s unreadable: %s", url, LOADS_PATH, error)
+            host.unreadable += 1
+            if host.mode == "auto" and host.unreadable >= UNREADABLE_READINGS:
+                self._fix(url, host, f"its {LOADS_PATH} gave no load {UNREADABLE_READINGS} times in a row")
             return None
+        host.unreadable = 0
+        return load
+
+    def _fix(self, url: str, host: HostAdmission, why: str) -> None:
+        """A host `auto` cannot steer by: its fixed share from now on, said once."""
+        log.warning("%s: %s: its in-flight count stays fixed at %d", url, why, self.ceiling)
+        with self._lock:
+            host.mode, host.target = "fixed", self.ceiling
+        self.pool.set_cap(url, self.ceiling)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -80,3 +80,9 @@ class PermanentError(GenerationError):
 
 class ShutdownRequested(WorkerError):
     """The worker is stopping: the task gives its message back to the queue."""
+
+
+class SlotsBusy(WorkerError):
+    """Every healthy host stayed at this worker's cap for the task's whole wait (its streams are
+    long, or `--in-flight auto` lowered the caps): nothing the prompt did, so its message goes
+    back to the queue, where another worker may have room; no attempt is counted."""

@@ -22,7 +22,7 @@ from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.run_state import Outcome
 from genfleet.workers import telemetry
-from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, TransientError
+from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, SlotsBusy, TransientError
 from genfleet.workers.failures import handle_failure
 from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import staged
@@ -49,8 +49,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
             return complete(payload, runtime, publish)
         except ShutdownRequested:
             raise Reject("worker shutting down", requeue=True) from None
-        except (DiskUnwritable, redis.RedisError) as error:
-            # A local fault (the disk, a Redis outage past the client's retries) is not the
+        except (DiskUnwritable, SlotsBusy, redis.RedisError) as error:
+            # A local fault (the disk, a Redis outage past the client's retries, this worker's own
+            # caps) is not the
             # prompt's: no attempt counted, no dead letter. A record already written is found by
             # the done check's next run, or deduplicated by export.
             log.warning("giving %s back to the queue: %s", payload.id, error)

@@ -87,5 +87,5 @@ def test_a_host_without_loads_keeps_the_fixed_count_and_says_so(fleet, tmp_path)
         start(fleet, tmp_path, sim.url, workers=1, prompts=60)
         wait_for(lambda: True if targets(fleet, sim.url) == [CEILING] else None, 30, "the fixed count")
         log = fleet.workers[0].log.read_text()
-    assert ("has no /v1/loads (an older SGLang, or a router in front): its in-flight count stays fixed at "
+    assert ("it has no /v1/loads (an older SGLang, or a router in front): its in-flight count stays fixed at "
             f"{CEILING}") in log

@@ -47,8 +47,10 @@ def test_workers_on_a_real_server_settle_on_what_it_admits_and_ramp_up_again_aft
         real_fleet.start_worker("short", server.url, concurrency=CEILING)
         enqueue(real_fleet, model, "adm", f"a={data}", extra=("--max-new-tokens", "3000"))
         alone = settled_sum(real_fleet, server.url, 1)
-        load = server.load()
-        assert load["num_running_reqs"] == ADMITS and load["num_waiting_reqs"] > 0  # short but not empty
+        # Short but not empty: the server full, a few waiting (a reading may fall between one
+        # request's end and the next one's admission).
+        wait_until(lambda: (load := server.load())["num_running_reqs"] == ADMITS and load["num_waiting_reqs"] > 0,
+                   10, 0.1, "the server full with a few waiting")
         real_fleet.start_worker("short", server.url, concurrency=CEILING)
         together = settled_sum(real_fleet, server.url, 2)
 

@@ -22,6 +22,7 @@ import pytest
 from helpers.sim_process import SimProcess
 from server import RealServer
 
+from genfleet.common.fleet_stats import ServerLoad
 from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.command import parse_sim_args
 from genfleet.sim.vocab import SimVocab
@@ -572,10 +573,14 @@ def test_abort_request_answers_200_with_an_empty_body_and_refuses_a_malformed_on
     assert refusals == [("Bad Request", 400)] * 2
 
 
-def test_v1_loads_is_the_real_servers_alone(one_pair):
-    """Documented difference: genfleet never reads /v1/loads (the tier's own tests watch a real
-    scheduler with it); the sim has /sim/stats instead."""
-    loads = HTTP.get(one_pair.real + "/v1/loads").json()
-    assert list(loads) == ["timestamp", "version", "accelerator", "num_accelerators", "loads"]
-    assert {"num_running_reqs", "num_waiting_reqs", "max_running_requests"} <= loads["loads"][0].keys()
-    assert HTTP.get(one_pair.sim + "/v1/loads").status_code == 404
+def test_v1_loads_has_the_fields_genfleet_reads_on_both(one_pair):
+    """Workers read /v1/loads (workers/admission.py, `ServerLoad.from_loads`): the sim answers it in
+    the real server's shape, with the fields genfleet reads; the sim's KV is its slots."""
+    real, sim = (HTTP.get(url + "/v1/loads").json() for url in (one_pair.real, one_pair.sim))
+    assert list(real) == list(sim) == ["timestamp", "version", "accelerator", "num_accelerators", "loads"]
+    read = {"dp_rank", "num_running_reqs", "num_waiting_reqs", "token_usage", "gen_throughput",
+            "max_total_num_tokens", "max_running_requests", "queues"}
+    assert read <= real["loads"][0].keys() and read <= sim["loads"][0].keys()
+    assert {"waiting", "retracted"} <= real["loads"][0]["queues"].keys() & sim["loads"][0]["queues"].keys()
+    for body in (real, sim):
+        ServerLoad.from_loads(body)

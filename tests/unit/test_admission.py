@@ -112,3 +112,10 @@ def test_an_answer_without_loads_is_refused(body):
 def test_many_waiting_at_low_kv_use_is_admission_bound():
     assert ServerLoad(running=7, waiting=143, token_usage=0.11, retracted=0, gen_throughput=1.0).admission_bound()
     assert not ServerLoad(running=140, waiting=10, token_usage=0.95, retracted=0, gen_throughput=1.0).admission_bound()
+
+
+def test_a_worker_with_no_stream_on_a_busy_host_keeps_its_target():
+    """The server's queue is other workers' then: a newcomer is not pushed down to one stream."""
+    host = HostAdmission(target=16)
+    assert next_target(host, reading(200, 60), mine=0, ceiling=150, now=0.0) == 16
+    assert next_target(host, reading(60, 60, retracted=4), mine=0, ceiling=150, now=0.0) == 16

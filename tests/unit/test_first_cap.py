@@ -73,10 +73,14 @@ def test_a_cut_at_the_first_cap_goes_on_in_its_own_queue_whatever_on_truncated_s
             (3000, True) if on_truncated == "continue" else (4000, False))
 
 
-def test_a_flagged_loop_goes_on_past_the_first_cap_and_a_stopped_one_does_not():
-    first = staged(payload(loop_guard="flag"), 100, api="generate", exact_text=True)
+def test_a_flagged_loop_is_never_staged_and_a_loop_found_at_the_first_cap_ends_the_completion():
+    flagged = payload(loop_guard="flag")
+    assert staged(flagged, 100, api="generate", exact_text=True) is flagged  # its finding is the whole's
     found = {"period": 5, "repeats": 20, "start": 0, "at_token": 100}
-    assert follow_up(first, generation(list(range(100)), loop=found), api="generate", started_at=0.0) is not None
+    # The abort on the chunk that reached the cap: the stream ended "length", the loop was found.
+    cut_in_a_loop = generation(list(range(100)), loop=found)
+    assert follow_up(staged(payload(), 100, api="generate", exact_text=True), cut_in_a_loop, api="generate",
+                     started_at=0.0) is None
     aborted = generation(list(range(100)), finish="loop", loop=found)
     assert follow_up(staged(payload(), 100, api="generate", exact_text=True), aborted, api="generate",
                      started_at=0.0) is None

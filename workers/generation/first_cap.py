@@ -26,8 +26,10 @@ continuation's prefill for more prompts, never a different record.
 
 Staging needs the ids a continuation is built from and the tokenizer that decodes them whole: over
 the chat API, with `--regenerate all`, or on a worker without GENFLEET_TOKENIZER the first request
-asks the full cap (the producer says so for the first two at enqueue, the worker for the last in its
-start-up log).
+asks the full cap (the producer says so for the first two at enqueue, the worker for the last in
+its start-up log). So it does with `--loop-guard flag`: a flagged loop runs on to the real cap,
+and its finding belongs to the whole completion, while a continuation's guard judges only its own
+tokens. A loop the guard stops (`abort`) ends the completion where one request would end it.
 """
 from __future__ import annotations
 
@@ -61,6 +63,10 @@ def staged(payload: TaskPayload, cap: int | None, *, api: str, exact_text: bool)
         return payload
     if api == "chat" or payload.input_ids is None or payload.regenerate != "last" or not exact_text:
         return payload  # nothing to continue from exactly
+    if payload.loop_guard == "flag":
+        # A flagged loop runs on to the real cap, and its finding (where it starts, how often it
+        # repeats) belongs to the whole completion; the next part's guard only sees its own tokens.
+        return payload
     return replace(payload, max_new_tokens=cap, staged_from=payload.max_new_tokens)
 
 

@@ -128,11 +128,10 @@ def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started
     whole completion so far (`joined`)."""
     if generation.finish_reason.get("type") != "length" or server_cut(payload, generation):
         return None
-    if payload.staged_from is not None and generation.output_ids:
+    if payload.staged_from is not None and generation.output_ids and generation.loop is None:
         # Cut at the first cap (workers/generation/first_cap.py): go on up to the real cap, in the
         # prompt's own queue, whatever `on_truncated` says (a cut there is judged by it). A loop
-        # only flagged would have run on to the real cap too; the next part's guard, fed this one's
-        # ids first, finds it again at the same token.
+        # found on the chunk that reached the cap ends the completion there, as in one request.
         return _continued(payload, generation, payload.staged_from - generation.completion_tokens,
                           started_at, partition=payload.partition, staged_from=None)
     if generation.loop is not None or payload.regenerate != "last" or payload.on_truncated == "keep":
