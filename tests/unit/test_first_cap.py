@@ -3,6 +3,8 @@ becomes, that the chain of parts ends where one request with the full cap ends, 
 read from a run's finished lengths (real Redis)."""
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from genfleet.common.fleet_stats import record_completion
 from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, parse_first_cap, resolve
-from genfleet.workers.generation.first_cap import MIN_FIRST_CAP, FirstCaps, auto_value, staged
+from genfleet.workers.generation.first_cap import MIN_FIRST_CAP, MIN_STAGED_REST, FirstCaps, auto_value, staged
 from genfleet.workers.generation.replies import Continuation, follow_up, joined
 
 
@@ -28,7 +30,8 @@ def test_a_first_request_asks_the_first_cap_and_remembers_the_full_one():
     assert (first.max_new_tokens, first.staged_from) == (100, 1000)
 
 
-@pytest.mark.parametrize("case", ["no cap", "cap not smaller", "chat", "no ids", "regenerate all", "no tokenizer",
+@pytest.mark.parametrize("case", ["no cap", "cap not smaller", "too little left", "chat", "no ids", "regenerate all",
+                                  "no tokenizer",
                                   "continuation", "regenerated", "already staged"])
 def test_staging_leaves_a_request_whole_where_it_cannot_continue_exactly(case):
     task, cap, api, exact = payload(), 100, "generate", True
@@ -36,6 +39,8 @@ def test_staging_leaves_a_request_whole_where_it_cannot_continue_exactly(case):
         cap = None
     elif case == "cap not smaller":
         cap = 1000
+    elif case == "too little left":
+        cap = 1000 - MIN_STAGED_REST + 1
     elif case == "chat":
         api = "chat"
     elif case == "no ids":
@@ -115,7 +120,9 @@ def test_the_parts_end_where_one_request_with_the_full_cap_ends(length, first_ca
     base = payload(max_new_tokens=full_cap, on_truncated=on_truncated, max_new_tokens_total=full_cap + extra,
                    first_max_new_tokens=None)
     whole_ids, whole_finish, whole_requests = run(base)
-    ids, finish, requests = run(staged(base, first_cap, api="generate", exact_text=True))
+    # Small numbers stage too (in a real run a first cap leaves at least MIN_STAGED_REST).
+    with patch("genfleet.workers.generation.first_cap.MIN_STAGED_REST", 1):
+        ids, finish, requests = run(staged(base, first_cap, api="generate", exact_text=True))
     assert (ids, finish) == (whole_ids, whole_finish)
     staged_extra = 1 if first_cap < full_cap and min(length, full_cap) > first_cap else 0
     assert requests == whole_requests + staged_extra

@@ -52,6 +52,11 @@ REFRESH_S = 30.0
 # No first cap below this: a cut every few hundred tokens would cost a prefill per part for little
 # KV room.
 MIN_FIRST_CAP = 128
+# Staged only when the first cap leaves at least this much of the real one: the KV saved is small
+# below it, and a prompt whose real cap fills its context to within a few tokens would have a
+# follow-up the scheduler refuses (its input bound is context - 6: 0.5.23 `managers/utils.py::
+# validate_input_length`), losing the first part.
+MIN_STAGED_REST = 64
 
 
 def staged(payload: TaskPayload, cap: int | None, *, api: str, exact_text: bool) -> TaskPayload:
@@ -59,7 +64,7 @@ def staged(payload: TaskPayload, cap: int | None, *, api: str, exact_text: bool)
     applies, else `payload` itself. `exact_text`: the worker decodes the joined ids itself (it has
     the tokenizer); without it each part's text is the server's, and a cut inside a multi-byte
     character would lose that character (docs/running.md, "Limits of these options")."""
-    if cap is None or cap >= payload.max_new_tokens or not first_request(payload):
+    if cap is None or cap > payload.max_new_tokens - MIN_STAGED_REST or not first_request(payload):
         return payload
     if api == "chat" or payload.input_ids is None or payload.regenerate != "last" or not exact_text:
         return payload  # nothing to continue from exactly
