@@ -42,7 +42,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
@@ -77,7 +77,6 @@ class HostAdmission:
     flat_raises: int = 0
     hold_until: float = 0.0
     unreadable: int = 0  # readings in a row that gave nothing usable
-    history: list[tuple[float, int]] = field(default_factory=list)
 
 
 def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: int, now: float) -> float:
@@ -174,8 +173,6 @@ class AdmissionControl:
                     continue
                 host.target = next_target(host, load, mine=in_flight.get(url, 0), ceiling=self.ceiling,
                                           now=time.monotonic())
-                host.history.append((time.time(), streams(host.target)))
-                del host.history[:-512]
             self.pool.set_cap(url, streams(host.target))
 
     def _read(self, url: str, host: HostAdmission) -> ServerLoad | None:
