@@ -157,9 +157,9 @@ class Processes:
         wait_for(client.ping, "redis-server", child)
         return child, f"redis://127.0.0.1:{port}/0"
 
-    def start_sim(self, name: str, flags: list[str]) -> tuple[Child, str]:
+    def start_sim(self, name: str, flags: list[str], env: dict[str, str] | None = None) -> tuple[Child, str]:
         port = free_port()
-        child = self.start(name, genfleet("sim", "--port", str(port), *flags), tier=SERVER)
+        child = self.start(name, genfleet("sim", "--port", str(port), *flags), env, tier=SERVER)
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: httpx.get(f"{url}/health", timeout=1).status_code == 200, name, child)
         return child, url

@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from bench import admission
 from bench.processes import REPO, Processes, env_for, genfleet
 from bench.prompts import _words
 
@@ -54,7 +55,7 @@ from server import RealServer, sglang_venv  # noqa: E402
 SLOTS = 150
 BASELINE_SCRIPT = REPO / "bench" / "baseline_client.py"
 RUN_TIMEOUT_S = 900.0
-MEASUREMENTS = ("throughput", "affinity", "loops")
+MEASUREMENTS = ("throughput", "affinity", "loops", "admission")
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,19 @@ class Workload:
     affinity_prompt_words: int = 600
     loop_prompts: int = 80  # a quarter loop
     loop_max_new_tokens: int = 1500
+    admission_prompts: int = 400  # x 4 configurations x 2 server shapes (bench/admission.py)
 
     def describe(self) -> str:
         return (f"throughput {self.throughput_prompts} prompts (plans of 60-180 tokens); affinity "
                 f"{self.affinity_prompts} prompts of ~{self.affinity_prompt_words} words x 4 samples over 2 servers; "
                 f"loops {self.loop_prompts} prompts, a quarter never stopping, max_new_tokens "
-                f"{self.loop_max_new_tokens:,}")
+                f"{self.loop_max_new_tokens:,}; admission {self.admission_prompts} prompts of the seeds' "
+                "length shape (scaled 1/8) x 4 configurations x 2 server shapes")
 
 
 FULL = Workload()
 QUICK = replace(FULL, throughput_prompts=60, affinity_prompts=8, affinity_prompt_words=200, loop_prompts=12,
-                loop_max_new_tokens=400)
+                loop_max_new_tokens=400, admission_prompts=40)
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -344,7 +347,8 @@ def measure_loops(kind: str, workload: Workload, model: Path, tmp: Path) -> dict
             "stopped_records_identical": same, "stopped": len(stopped), "looped": looped}
 
 
-MEASURE = {"throughput": measure_throughput, "affinity": measure_affinity, "loops": measure_loops}
+MEASURE = {"throughput": measure_throughput, "affinity": measure_affinity, "loops": measure_loops,
+           "admission": admission.measure_admission}
 
 
 def compare(workload: Workload, only: tuple[str, ...] = MEASUREMENTS, log: Callable[[str], None] = print) -> dict:

@@ -191,6 +191,10 @@ def _measure_real_server(results: Results) -> None:
 
 
 def _headline(name: str, figure: dict) -> str:
+    if name == "admission":
+        ratios = {shape: measured["configs"]["staged, auto"]["tokens_per_s_ratio"]
+                  for shape, measured in figure["shapes"].items()}
+        return "staged+auto " + ", ".join(f"{shape} {ratio:.2f}x" for shape, ratio in ratios.items())
     key = {"throughput": "throughput_ratio", "affinity": "prefill_ratio", "loops": "decoded_ratio"}[name]
     return f"{figure[key]:.2f}x"
 

@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     # this quantile of its finished completion lengths once this many have finished; until then
     # `first_cap_start`.
     first_cap_start: Annotated[int, Field(ge=1)] = 1024
-    first_cap_quantile: Annotated[float, Field(gt=0, le=1)] = 0.9
+    first_cap_quantile: Annotated[float, Field(gt=0, le=1)] = 0.5
     first_cap_min_samples: Annotated[int, Field(ge=1)] = 100
     # Producer: rows read, templated and published per batch (each batch is one atomic publish).
     enqueue_batch_rows: int = 1024

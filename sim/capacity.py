@@ -32,7 +32,18 @@ The sim's simplifications:
   be evicted under pressure; its end re-inserts it.
 - One asyncio loop runs the sim: nothing here awaits, so no lock is needed.
 
-The capacity model: slots, a decode speed that falls as more requests run, and occupancy stats.
+The capacity model: slots, a KV cache that admits by reservation, a decode speed that falls as more
+requests run, and occupancy stats.
+
+The KV cache (`--max-total-tokens`, off by default), after SGLang 0.5.23's `PrefillAdder`
+(`managers/schedule_policy.py`): a waiting request is admitted only while its prompt plus its
+whole `min(max_new_tokens, CLIP_MAX_NEW_TOKENS)` (4,096, or `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`
+as SGLang reads it: `environ.py`) fits in what the running requests leave, each of them holding its prompt, what it has
+decoded, and `min(max_new_tokens - decoded, 4096) x new_token_ratio` more (`add_one_req`,
+`_get_running_request_total_token_offset`). So a generous cap keeps requests waiting while the cache
+sits mostly empty, which is what staged first caps are for. Simplified: SGLang's ratio starts at
+0.7 (`SGLANG_INIT_NEW_TOKEN_RATIO`) and decays each step towards 0.098 while nothing is retracted;
+the sim's stays at `new_token_ratio`, and it never retracts (a request it admitted always fits).
 
 Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, except
 while a prefill batch has the GPU (sim.capacity: `pause_decoding`), when nobody decodes, as in
@@ -97,6 +108,20 @@ from dataclasses import dataclass
 
 DEFAULT_PREFIX_CACHE_TOKENS = 500_000  # about an H200's KV pool for an 8B model at bf16
 DEFAULT_PAGE_SIZE = 16
+# SGLang 0.5.23 `environ.py`: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (the sim reads it too:
+# sim.command), SGLANG_INIT_NEW_TOKEN_RATIO.
+CLIP_MAX_NEW_TOKENS = 4096
+INIT_NEW_TOKEN_RATIO = 0.7
+
+
+@dataclass(eq=False)
+class KvClaim:
+    """One request's hold on the KV cache (sim.capacity): its prompt and cap, and where the shared
+    decode clock stood when it started, so what it has decoded is the clock's advance since."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    origin: float = 0.0
 
 
 class _Page:
@@ -195,6 +220,9 @@ class CapacitySettings:
     prefill_rate: float = 50_000.0  # prompt tokens/s of the server's prefill (sim.capacity)
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS  # uncached tokens in one prefill batch
     max_running: int | None = None
+    max_total_tokens: int | None = None  # the KV cache that admits by reservation (sim.capacity)
+    new_token_ratio: float = INIT_NEW_TOKEN_RATIO
+    clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.capacity)
     page_size: int = DEFAULT_PAGE_SIZE  # the prefix cache's granularity, in tokens
 
@@ -233,7 +261,8 @@ class Capacity:
         self._decoded = self._running_area = 0.0
         self._paused_until: float | None = None  # the end of the prefill batch running now
         self.running = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[None], KvClaim]] = deque()
+        self._claims: set[KvClaim] = set()
         self.reset_stats()
 
     # -- decode clock -------------------------------------------------------------------------
@@ -268,34 +297,54 @@ class Capacity:
 
     # -- slots --------------------------------------------------------------------------------
 
-    async def acquire(self) -> None:
-        """Take a running slot, waiting in FIFO order while `max_running` are busy."""
-        if not self._waiters and self._has_room():
-            self._start_one()
+    async def acquire(self, claim: KvClaim | None = None) -> None:
+        """Take a running slot, waiting in FIFO order while `max_running` are busy or the KV cache
+        cannot hold `claim`'s reservation (sim.capacity)."""
+        claim = claim or KvClaim(0, 0)
+        if not self._waiters and self._has_room(claim):
+            self._start_one(claim)
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((waiter, claim))
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot was handed over just as the client went away
-            elif waiter in self._waiters:  # a release in between may have dropped it already
-                self._waiters.remove(waiter)
+                self.release(claim)  # the slot was handed over just as the client went away
+            elif (waiter, claim) in self._waiters:  # a release in between may have dropped it already
+                self._waiters.remove((waiter, claim))
+                self._admit_waiting()  # the head may have been what held the rest back
             raise
 
-    def release(self) -> None:
+    def release(self, claim: KvClaim | None = None) -> None:
         self._advance()
         self.running -= 1
-        while self._waiters and self._has_room():
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._start_one()
-                waiter.set_result(None)
+        self._claims.discard(claim)
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        while self._waiters:
+            waiter, claim = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if not self._has_room(claim):
+                return
+            self._waiters.popleft()
+            self._start_one(claim)
+            waiter.set_result(None)
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    def kv_tokens(self) -> int:
+        """KV tokens the running requests hold now: prompts and what they decoded."""
+        progress = self.progress()
+        return sum(claim.prompt_tokens + self._decoded_by(claim, progress) for claim in self._claims)
+
+    def _decoded_by(self, claim: KvClaim, progress: float) -> int:
+        return min(claim.max_new_tokens, int(progress - claim.origin))
 
     # -- counters -----------------------------------------------------------------------------
 
@@ -348,12 +397,29 @@ class Capacity:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _has_room(self) -> bool:
-        limit = self.settings.max_running
-        return limit is None or self.running < limit
+    def _has_room(self, claim: KvClaim) -> bool:
+        limit, total = self.settings.max_running, self.settings.max_total_tokens
+        if limit is not None and self.running >= limit:
+            return False
+        if total is None or not self._claims:  # an empty cache takes anyone (SGLang's first request)
+            return True
+        wanted = claim.prompt_tokens + min(claim.max_new_tokens, self.settings.clip_max_new_tokens)
+        return self._reserved() + wanted <= total
 
-    def _start_one(self) -> None:
+    def _reserved(self) -> float:
+        """What the running requests hold and are expected to need (sim.capacity)."""
+        progress, ratio = self.progress(), self.settings.new_token_ratio
+        held = 0.0
+        for claim in self._claims:
+            decoded = self._decoded_by(claim, progress)
+            clipped = min(claim.max_new_tokens - decoded, self.settings.clip_max_new_tokens)
+            held += claim.prompt_tokens + decoded + clipped * ratio
+        return held
+
+    def _start_one(self, claim: KvClaim) -> None:
         self._advance()
+        claim.origin = self._decoded
+        self._claims.add(claim)
         self.running += 1
         self._requests_started += 1
         self._peak_running = max(self._peak_running, self.running)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -16,9 +17,11 @@ from typing import Annotated
 import typer
 
 from genfleet.sim.capacity import (
+    CLIP_MAX_NEW_TOKENS,
     DEFAULT_MAX_PREFILL_TOKENS,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PREFIX_CACHE_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
     CapacitySettings,
 )
 from genfleet.sim.completion import DEFAULT_REASONING_FORMAT, NO_LOOPS, REASONING_FORMAT_NAMES, LengthModel, LoopModel
@@ -184,6 +187,22 @@ def sim_settings(
             min=1, help="Most requests running at once; the rest wait (unlimited if unset).", rich_help_panel=_CAPACITY
         ),
     ] = None,
+    max_total_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="KV cache tokens, like SGLang's --max-total-tokens: a request waits until its prompt plus "
+            "min(max_new_tokens, 4096) fits beside what the running ones hold and reserve (their prompts, what "
+            "they decoded, and --new-token-ratio of the rest of their caps). Unset: no KV limit.",
+            rich_help_panel=_CAPACITY,
+        ),
+    ] = None,
+    new_token_ratio: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Share of a running request's remaining cap the KV cache keeps for it "
+            "(SGLang's new_token_ratio starts at 0.7 and decays; the sim's stays put).", rich_help_panel=_CAPACITY,
+        ),
+    ] = INIT_NEW_TOKEN_RATIO,
     tick: Annotated[
         float,
         typer.Option(
@@ -360,6 +379,10 @@ def sim_settings(
             tokenizer_dir=tokenizer,
             capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate,
                                       max_prefill_tokens=max_prefill_tokens, max_running=max_running,
+                                      max_total_tokens=max_total_tokens, new_token_ratio=new_token_ratio,
+                                      # SGLang's own variable, read as SGLang 0.5.23 reads it (environ.py).
+                                      clip_max_new_tokens=int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
+                                                                             CLIP_MAX_NEW_TOKENS)),
                                       prefix_cache_tokens=prefix_cache_tokens, page_size=page_size),
             lengths=LengthModel(
                 median=length_median,

@@ -75,7 +75,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from genfleet.sim.capacity import Capacity, PrefillLane, PrefillTurn, PrefixCache
+from genfleet.sim.capacity import Capacity, KvClaim, PrefillLane, PrefillTurn, PrefixCache
 from genfleet.sim.completion import CompletionPlan
 from genfleet.sim.faults import Corruption, Fault, FaultKind
 from genfleet.sim.wire import DONE, abort_finish
@@ -196,6 +196,7 @@ class RequestControl:
         self.sent = 0
         self._sent_before_leaving = 0
         self._holds_slot = False
+        self._claim: KvClaim | None = None
         self._prefill: PrefillTurn | None = None  # while it waits for its prefill batch
         self._progress: Progress | None = None
         self._end = self._recorded = 0
@@ -214,11 +215,13 @@ class RequestControl:
 
     # -- the engine's side --------------------------------------------------------------------
 
-    async def take_slot(self) -> bool:
-        """Wait for a running slot; False if aborted first (then it holds none)."""
+    async def take_slot(self, claim: KvClaim | None = None) -> bool:
+        """Wait for a running slot (and `claim`'s room in the KV cache); False if aborted first
+        (then it holds none)."""
         if self.aborted:
             return False
-        waiting = self._waiting = asyncio.ensure_future(self._capacity.acquire())
+        self._claim = claim
+        waiting = self._waiting = asyncio.ensure_future(self._capacity.acquire(claim))
         try:
             await asyncio.wait((waiting,))
         finally:
@@ -233,7 +236,7 @@ class RequestControl:
     def release_slot(self) -> None:
         if self._holds_slot:
             self._holds_slot = False
-            self._capacity.release()
+            self._capacity.release(self._claim)
 
     def start_decoding(self, progress: Progress, end: int) -> None:
         self._progress, self._end = progress, end
@@ -465,6 +468,7 @@ class Generation:
     fault: Fault | None
     steps: DecodeSteps = DecodeSteps()
     prompt_ids: Sequence[int] = ()  # what the prefix cache is looked up and filled with
+    max_new_tokens: int = 0  # what the KV cache reserves for it (sim.capacity)
     corruption: Corruption | None = None
     # Called as the last bytes of the response go out (never for a stall that nothing aborts, nor
     # for a client that left before them).
@@ -497,7 +501,7 @@ class Engine:
             # Headers go out before the slot, like SGLang: a queued stream is a silent 200.
             await out.open_stream()
         prefilled = False
-        if await control.take_slot():
+        if await control.take_slot(KvClaim(generation.prompt_tokens, generation.max_new_tokens)):
             try:
                 prefilled = await self._prefill(generation, control)
                 if not control.aborted:

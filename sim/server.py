@@ -317,6 +317,7 @@ class GenerationEndpoints:
         log_head = {"rid": rid, "api": "generate", **({"continues": cut.rid} if cut else {}), **prompt_field}
         generation = self._generation(
             plan, frames, prompt_ids, request.stream, request.stream_interval, log_head=log_head, continues=cut,
+            max_new_tokens=request.max_new_tokens,
         )
         return generation, rid
 
@@ -386,7 +387,8 @@ class GenerationEndpoints:
         table = self.encoder.text_table(skip_special_tokens=options.skip_special_tokens)
         frames = ChatFrames(plan, table=table, options=options)
         log_head = {"rid": rid, "api": "chat", "input_ids": prompt_ids}
-        return self._generation(plan, frames, prompt_ids, request.stream, None, log_head=log_head), rid
+        return self._generation(plan, frames, prompt_ids, request.stream, None, log_head=log_head,
+                                max_new_tokens=max_new_tokens), rid
 
     # -- shared by both APIs ------------------------------------------------------------------
 
@@ -418,6 +420,7 @@ class GenerationEndpoints:
         stream_interval: int | None,
         *,
         log_head: dict[str, Any],
+        max_new_tokens: int,
         continues: Cut | None = None,
     ) -> Generation:
         interval = self.settings.effective_stream_interval(stream_interval)
@@ -438,6 +441,7 @@ class GenerationEndpoints:
             fault=self.faults.draw(),  # one draw per admitted request, in arrival order
             steps=self.settings.steps,
             prompt_ids=prompt_ids,
+            max_new_tokens=max_new_tokens,
             corruption=self.faults.draw_corruption(),  # also one per admitted request
             on_served=on_served,
             on_cut=self._cut_recorder(plan, prompt_ids, log_head["rid"], continues),
@@ -562,17 +566,19 @@ class InfoEndpoints:
 
     async def loads(self, request: Request) -> Response:
         """`/v1/loads` (sglang 0.5.23 `entrypoints/v1_loads.py`), one data-parallel rank, with the
-        fields a client steers by. The sim's KV cache is its `--max-running` slots: `token_usage`
-        is the share of them running, and nothing is retracted. `gen_throughput` is the decode
-        speed now (SGLang's is the mean over its last log interval)."""
+        fields a client steers by. With `--max-total-tokens` the KV cache is that many tokens and
+        `token_usage` the share the running requests hold (sim.capacity); without it, the cache is
+        the `--max-running` slots and `token_usage` the share of them running. Nothing is retracted.
+        `gen_throughput` is the decode speed now (SGLang's is the mean over its last log interval)."""
         if not self.settings.loads:
             return JSONResponse({"detail": "Not Found"}, 404)
         capacity = self.capacity
-        running, limit = capacity.running, capacity.settings.max_running
+        running, limit, total = capacity.running, capacity.settings.max_running, capacity.settings.max_total_tokens
+        usage = capacity.kv_tokens() / total if total else running / limit if limit else 0.0
         load = {
             "dp_rank": 0, "timestamp": time.time(), "num_running_reqs": running,
             "num_waiting_reqs": capacity.waiting, "max_running_requests": limit,
-            "max_total_num_tokens": None, "token_usage": round(running / limit, 4) if limit else 0.0,
+            "max_total_num_tokens": total, "token_usage": round(usage, 4),
             "gen_throughput": round(capacity.decode_rate() * running, 2),
             "queues": {"waiting": capacity.waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
         }

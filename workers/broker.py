@@ -60,7 +60,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
 from genfleet.common import kombu_wire
-from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, queue_list, transit_list, transit_queue
+from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, celery_event_channel, queue_list, transit_list, transit_queue
+from genfleet.common.kombu_wire import EVENT_ROUTING_KEY, TaskMessageEncoder
 
 log = logging.getLogger(__name__)
 
@@ -288,3 +289,28 @@ def _delivery_tag(raw: bytes) -> str:
         return str(kombu_wire.decode_queued(raw).get("properties", {}).get("delivery_tag", ""))
     except ValueError:  # not kombu's JSON: it goes back to its queue all the same
         return ""
+
+
+class NextInLine:
+    """Publishes a task at the consuming end of its queue: RPUSH, where consumers BLMOVE from (and
+    where kombu's own restore puts a message back: redis.py `_do_restore_message`), instead of
+    Celery's LPUSH behind everything waiting (kombu/transport/redis.py `Channel._put`). The message
+    is the one kombu would store (common/kombu_wire.py), with the task-sent event Flower reads, in
+    one MULTI. For the follow-up of a staged cap (workers/generation/first_cap.py): a part of a
+    completion in progress, whose prefix the host's radix cache still holds."""
+
+    def __init__(self, app: Any, client: redis.Redis) -> None:
+        self.client = client
+        self.encoder = TaskMessageEncoder(app)
+        self.event_channel = celery_event_channel(int(client.connection_pool.connection_kwargs.get("db", 0)),
+                                                  EVENT_ROUTING_KEY)
+        self._lock = threading.Lock()  # the encoder's packer and id pool serve one thread at a time
+
+    def publish(self, payload: dict[str, Any], queue: str, argsrepr: str) -> None:
+        with self._lock:
+            task_id, message = self.encoder.encode(payload, queue, argsrepr)
+            event = self.encoder.encode_sent_event(task_id, queue, argsrepr)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.rpush(queue_list(queue), message)
+        pipe.publish(self.event_channel, event)
+        pipe.execute()

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from celery import Celery, Task
@@ -22,6 +21,7 @@ from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.run_state import Outcome
 from genfleet.workers import telemetry
+from genfleet.workers.broker import NextInLine
 from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, SlotsBusy, TransientError
 from genfleet.workers.failures import handle_failure
 from genfleet.workers.generation.client import Generation
@@ -33,17 +33,28 @@ from genfleet.workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 
+class Publish(Protocol):
+    """Publishes a follow-up task: behind what waits on its queue, or `next_in_line`."""
+
+    def __call__(self, task: TaskPayload, note: str, *, next_in_line: bool = False) -> None: ...
+
+
 def register(app: Celery, runtime: WorkerRuntime) -> Task:
     """The generate task on `app`, running on `runtime`."""
+
+    front = NextInLine(app, runtime.redis)
 
     # Attempts are counted in the payload (max_retries=None): failures.py decides when to stop.
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
     def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
         payload = TaskPayload.from_dict(raw_payload)
 
-        def publish(task: TaskPayload, note: str) -> None:
+        def publish(task: TaskPayload, note: str, *, next_in_line: bool = False) -> None:
             # Our own argsrepr, or Flower would show the whole payload (and a continuation's ids).
-            self.apply_async(args=[task.to_dict()], queue=task.partition, argsrepr=task.argsrepr(note))
+            if next_in_line:
+                front.publish(task.to_dict(), task.partition, task.argsrepr(note))
+            else:
+                self.apply_async(args=[task.to_dict()], queue=task.partition, argsrepr=task.argsrepr(note))
 
         try:
             return complete(payload, runtime, publish)
@@ -66,7 +77,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
 
 
 def complete(payload: TaskPayload, runtime: WorkerRuntime,
-             publish: Callable[[TaskPayload, str], None]) -> dict[str, Any]:
+             publish: Publish) -> dict[str, Any]:
     # Before any GPU time or file: a run or dataset name that could leave the output root (a forged
     # task, one sent through Flower) is dead-lettered, never generated (common/names.py).
     if (unsafe := task_problem(payload.run, payload.dataset, payload.id)) is not None:
@@ -101,7 +112,7 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime,
 
 
 def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generation,
-              publish: Callable[[TaskPayload, str], None]) -> dict[str, Any]:
+              publish: Publish) -> dict[str, Any]:
     """Publish the follow-up of a cut completion (continue or regenerate) instead of writing it;
     this message is acked once the follow-up is in Redis. A crash in between publishes it twice:
     both finish the same prompt, which the done bit counts once and export keeps once."""
@@ -109,7 +120,9 @@ def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generati
     note = (f"part {next_part.continuation['parts'] + 1}, {generation.completion_tokens} tokens so far"
             if next_part.continuation is not None else f"regenerated with {next_part.max_new_tokens} new tokens")
     try:
-        publish(next_part, note)
+        # The next stage of a staged cap goes next in line (workers/generation/first_cap.py); a
+        # truncation's follow-up waits on `long` like any long prompt.
+        publish(next_part, note, next_in_line=payload.staged_from is not None)
     except Exception as error:  # noqa: BLE001 - the broker is down: nothing is lost if the message goes back
         log.warning("could not publish the %s of %s (%s); giving its message back", kind, payload.id, error)
         raise Reject(f"follow-up not published: {error}", requeue=True) from None

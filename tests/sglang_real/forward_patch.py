@@ -15,6 +15,12 @@ When `GENFLEET_PLAN_COUNTERS` names a file, the patch keeps there (as JSON, rewr
 what the radix cache did not hold). That is the "GPU work" a benchmark charges, counted where it
 happens instead of inferred from the responses.
 
+When `GENFLEET_PLAN_STEP_S` is "A,B,C", each forward pass also sleeps A + B x (requests in the batch)
++ C x (tokens it prefills) seconds: a model of a GPU's step, whose decode time grows with the batch
+and whose prefill is charged per token, on top of the CPU engine's own time. It is what makes a
+batch the scheduler keeps small cost throughput, as on a GPU (the benchmark of admission,
+`bench/admission.py`); the tests leave it unset.
+
 A request's turn is found at each extend (prefill or chunk) and kept per `req_pool_index`; a decode
 step only advances it. That keeps a step O(batch), not O(batch x length).
 """
@@ -42,6 +48,17 @@ class PlanForward:
         self.counters_path = Path(counters) if counters else None
         self.counts = {"decoded_tokens": 0, "prefilled_tokens": 0, "forward_passes": 0}
         self._written_at = 0.0
+        step = os.environ.get("GENFLEET_PLAN_STEP_S")
+        self.step_s = tuple(float(part) for part in step.split(",")) if step else None
+        assert self.step_s is None or len(self.step_s) == 3, f"GENFLEET_PLAN_STEP_S={step}: want A,B,C seconds"
+
+    def model_step(self, batch) -> None:
+        """Sleep the modelled step time (the module's docstring)."""
+        if self.step_s is None:
+            return
+        fixed, per_request, per_prefill_token = self.step_s
+        prefill = 0 if batch.forward_mode.is_decode() else int(batch.input_ids.numel())
+        time.sleep(fixed + per_request * batch.batch_size + per_prefill_token * prefill)
 
     def count(self, batch) -> None:
         if self.counters_path is None:
@@ -68,6 +85,7 @@ class PlanForward:
         if size == 0 or batch.forward_mode.is_idle():
             return ModelRunnerOutput(logits_output=LogitsProcessorOutput(next_token_logits=logits), can_run_graph=False)
         self.count(batch)
+        self.model_step(batch)
         keys = runner.token_to_kv_pool.get_key_buffer(0)
         new_ids = batch.input_ids.to(torch.int64)
         locations = batch.out_cache_loc.to(torch.int64)

@@ -240,14 +240,19 @@ def is_subsequence(short: list[int], long: list[int]) -> bool:
     return all(item in rest for item in short)
 
 
-def real_stream_at_cadence(url: str, body: dict[str, Any], interval: int, attempts: int = 3) -> list[dict[str, Any]]:
-    """The real server's stream of `body`, its chunks at the scheduler's cadence, asked again (up to
-    `attempts` times) until they are. A client of a backlogged server gets fewer chunks: SGLang
-    0.5.23 drains the outputs queued for a request and sends one, the last (cumulative) or all of
-    them joined (incremental; `managers/tokenizer_manager.py` `_wait_one_response`,
-    `_coalesce_streaming_chunks`). On this shared machine a stream at interval 1 (a chunk per
-    decode step, steps of a millisecond) is rarely left whole, so there only the first token's
-    chunk must come alone. Every stream must be a subsequence of the cadence, ending where it ends."""
+def real_stream_at_cadence(url: str, body: dict[str, Any], interval: int, attempts: int = 6) -> list[dict[str, Any]]:
+    """The real server's stream of `body`, its chunks at the scheduler's cadence. A client of a
+    backlogged server gets fewer chunks: SGLang 0.5.23 drains the outputs queued for a request and
+    sends one, the last (cumulative) or all of them joined (incremental;
+    `managers/tokenizer_manager.py` `_wait_one_response`, `_coalesce_streaming_chunks`). So every
+    stream must be a subsequence of the cadence, ending where it ends, and the streams asked (up to
+    `attempts`, stopping at the first whole one) must between them send a chunk at every point of
+    the cadence: a server that skipped or shifted a point fails either way, a busy machine neither.
+    On this shared machine a stream at interval 1 (a chunk per decode step, steps of a millisecond)
+    is rarely left whole, so there only the first token's chunk must come alone. Returns the stream
+    with the most chunks among those whose first token came alone (its chunk has the first shape)."""
+    streams: list[list[dict[str, Any]]] = []
+    seen: set[int] = set()
     for _ in range(attempts):
         answer = post(url, "/generate", body)
         assert (answer.status, answer.content_type) == (200, SSE)
@@ -257,7 +262,11 @@ def real_stream_at_cadence(url: str, body: dict[str, Any], interval: int, attemp
         assert is_subsequence(sent, expected) and sent[-1] == total, (sent, expected)
         if sent == expected or (interval == 1 and sent[0] == 1):
             return events
-    raise AssertionError(f"no stream of {attempts} at the cadence {expected}: the last had {sent}")
+        streams.append(events)
+        seen.update(sent)
+        if interval > 1 and seen == set(expected):
+            return max(streams, key=lambda events: (counts(events)[0] == 1, len(events)))
+    raise AssertionError(f"{attempts} streams sent chunks at {sorted(seen)}, not at every point of {expected}")
 
 
 def chunk_shapes(events: list[dict[str, Any]]) -> list[Any]:
@@ -281,8 +290,13 @@ def test_a_streamed_generate_cut_by_length_sends_the_same_chunks_with_the_same_k
         assert (answer.status, answer.content_type) == (200, SSE)
         sim = answer.events
         assert counts(sim) == cadence(LENGTH_CUT, interval or 1)
-        assert counts(real) == counts(sim) or interval is None  # see real_stream_at_cadence
-        assert chunk_shapes(sim) == chunk_shapes(real)
+        assert is_subsequence(counts(real), counts(sim))  # whole where the machine allowed: see real_stream_at_cadence
+        real_first, real_between, real_last = chunk_shapes(real)
+        sim_first, sim_between, sim_last = chunk_shapes(sim)
+        assert (real_first, real_last) == (sim_first, sim_last)
+        # A stream that lost chunks to a busy machine may lack one of the shapes between.
+        assert all(one in sim_between for one in real_between)
+        assert real_between == sim_between or counts(real) != counts(sim)
         for events in (real, sim):
             assert stream_kind(events) == pair.mode
             assert events[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": LENGTH_CUT}

@@ -3,6 +3,7 @@ becomes, that the chain of parts ends where one request with the full cap ends, 
 read from a run's finished lengths (real Redis)."""
 from __future__ import annotations
 
+import itertools
 from unittest.mock import patch
 
 import pytest
@@ -15,7 +16,14 @@ from genfleet.common.fleet_stats import record_completion
 from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, parse_first_cap, resolve
-from genfleet.workers.generation.first_cap import MIN_FIRST_CAP, MIN_STAGED_REST, FirstCaps, auto_value, staged
+from genfleet.workers.generation.first_cap import (
+    MIN_FIRST_CAP,
+    MIN_STAGED_REST,
+    FirstCaps,
+    auto_value,
+    next_stage,
+    staged,
+)
 from genfleet.workers.generation.replies import Continuation, follow_up, joined
 
 
@@ -60,22 +68,39 @@ def test_staging_leaves_a_request_whole_where_it_cannot_continue_exactly(case):
 
 
 @pytest.mark.parametrize("on_truncated", ["keep", "continue", "regenerate"])
-def test_a_cut_at_the_first_cap_goes_on_in_its_own_queue_whatever_on_truncated_says(on_truncated):
-    first = staged(payload(on_truncated=on_truncated, max_new_tokens_total=4000), 100, api="generate",
-                   exact_text=True)
-    next_part = follow_up(first, generation(list(range(100))), api="generate", started_at=5.0)
-    assert next_part is not None and next_part.partition == "short"
-    assert next_part.max_new_tokens == 900 and next_part.staged_from is None
-    assert Continuation.of(next_part).output_ids == list(range(100))
+def test_a_cut_at_the_first_cap_goes_on_in_its_own_queue_in_doubling_stages_whatever_on_truncated_says(on_truncated):
+    task = staged(payload(on_truncated=on_truncated, max_new_tokens_total=4000), 100, api="generate",
+                  exact_text=True)
+    asked, done = [task.max_new_tokens], 0
+    while task.staged_from is not None:
+        done += task.max_new_tokens
+        prior = Continuation.of(task)
+        part = generation(list(range(len(prior.output_ids) if prior else 0, done)))
+        task = follow_up(task, part if prior is None else joined(prior, part), api="generate", started_at=5.0)
+        assert task is not None and task.partition == "short"
+        assert Continuation.of(task).output_ids == list(range(done))
+        asked.append(task.max_new_tokens)
+    # Twice the stage before, until twice would leave under MIN_STAGED_REST of the real cap: then the rest.
+    assert asked == [100, 200, 400, 300]
     # The cut at the real cap is the dataset's own: --on-truncated decides it.
-    whole = joined(Continuation.of(next_part), generation(list(range(100, 1000))))
-    after = follow_up(next_part, whole, api="generate", started_at=6.0)
+    whole = joined(Continuation.of(task), generation(list(range(700, 1000))))
+    after = follow_up(task, whole, api="generate", started_at=6.0)
     if on_truncated == "keep":
         assert after is None
     else:
         assert after is not None and after.partition == "long"
         assert (after.max_new_tokens, after.continuation is not None) == (
             (3000, True) if on_truncated == "continue" else (4000, False))
+
+
+@pytest.mark.parametrize(("asked", "left", "expected"), [
+    (100, 900, 200),  # twice
+    (100, 264, 200),  # twice leaves exactly MIN_STAGED_REST
+    (100, 263, 263),  # twice would leave less: the rest
+    (400, 300, 300),  # twice is past the real cap
+])
+def test_the_next_stage_doubles_until_the_rest_of_the_real_cap_is_near(asked, left, expected):
+    assert next_stage(asked, left) == expected
 
 
 def test_a_flagged_loop_is_never_staged_and_a_loop_found_at_the_first_cap_ends_the_completion():
@@ -124,8 +149,14 @@ def test_the_parts_end_where_one_request_with_the_full_cap_ends(length, first_ca
     with patch("genfleet.workers.generation.first_cap.MIN_STAGED_REST", 1):
         ids, finish, requests = run(staged(base, first_cap, api="generate", exact_text=True))
     assert (ids, finish) == (whole_ids, whole_finish)
-    staged_extra = 1 if first_cap < full_cap and min(length, full_cap) > first_cap else 0
-    assert requests == whole_requests + staged_extra
+    # One more request for each staged part's end the completion ran past: first_cap, then each
+    # stage twice the one before, short of the real cap.
+    ends, stage = [], first_cap
+    while first_cap < full_cap and sum(ends) + stage < full_cap:
+        ends.append(stage)
+        stage *= 2
+    reached = [end for end in itertools.accumulate(ends) if end < min(length, full_cap)]
+    assert requests == whole_requests + len(reached)
 
 
 def test_auto_starts_at_its_start_then_follows_the_datasets_lengths(redis_client):

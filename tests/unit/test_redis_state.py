@@ -10,6 +10,7 @@ import pickle
 
 import pytest
 import redis
+from celery import Celery
 from helpers.kombu_messages import encoder
 from helpers.pickles import LeavesATrace
 from hypothesis import given, settings
@@ -18,10 +19,11 @@ from kombu import Connection
 from kombu.serialization import loads
 
 from genfleet.common import kombu_wire, run_state
-from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
-from genfleet.common.queues import PARTITIONS, SHORT
+from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, celery_event_channel
+from genfleet.common.queues import PARTITIONS, QUEUES, SERIALIZATION, SHORT
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import DeadLetter, OutgoingTask, RowRejection, RunState
+from genfleet.workers.broker import NextInLine
 from genfleet.workers.delivery import Reaper
 
 
@@ -134,3 +136,23 @@ def test_row_claims_read_both_bitmaps_in_one_window(redis_client, rows):
     enqueued, done = state.row_claims("d", rows + [1000])
     assert done == set(rows[::2]) and enqueued == set(rows) - set(rows[::2])
     assert state.unclaimed_rows("d", rows + [1000]) == [1000]
+
+
+def test_a_follow_up_next_in_line_is_the_next_message_kombu_takes_and_flower_hears_of_it(redis_client, redis_url):
+    app = Celery("next-in-line-test", broker="memory://", set_as_current=False)
+    app.conf.update(**SERIALIZATION, task_queues=QUEUES)
+    for row in (1, 2):  # waiting before it, published as Celery does (LPUSH)
+        redis_client.lpush(SHORT, encoder().encode({"run": "r", "dataset": "d", "row": row}, SHORT, f"d/{row}")[1])
+    events = redis_client.pubsub()
+    events.subscribe(celery_event_channel(0, kombu_wire.EVENT_ROUTING_KEY))
+    events.get_message(timeout=1)  # the subscription's confirmation
+    follow_up = {"run": "r", "dataset": "d", "row": 7, "id": "d/7"}
+    NextInLine(app, redis_client).publish(follow_up, SHORT, "d/7 part 2")
+    with Connection(redis_url) as connection:
+        received = connection.default_channel.basic_get(SHORT, no_ack=True)
+    args, _kwargs, _embed = loads(received.body, received.content_type, received.content_encoding,
+                                  accept={kombu_wire.MSGPACK})
+    assert args == [follow_up] and received.headers["argsrepr"] == "d/7 part 2"
+    assert redis_client.llen(SHORT) == 2  # the two before it still wait
+    sent = json.loads(base64.b64decode(json.loads(events.get_message(timeout=2)["data"])["body"]))
+    assert (sent["type"], sent["uuid"], sent["queue"]) == ("task-sent", received.headers["id"], SHORT)

@@ -9,16 +9,25 @@ offset`; the 4096 is `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`, `srt/environ.py`).
 thousands and completions in the hundreds the reservation, not the memory in use, bounds how many
 requests run: on a KV-limited server a 4,000 cap admitted 7 of 150 streams at 11% KV use.
 
-Why it cannot change a record: the follow-up of a cut at the first cap is the exact continuation
+Stages: the follow-up of a cut at a staged cap asks twice that cap (`next_stage`), or all that is
+left of the real cap once twice would reach it. Asking the rest at once would charge a long
+completion's whole tail at the clip (4,096) again; with a heavy tail (the seeds' lengths: p90 five
+times the median) that is where most of the reservation goes. Doubling keeps every part's charge
+within twice what it decodes, for a log2 of extra requests on the longest prompts (each a prefill of
+a prefix the radix cache holds). A follow-up goes next in line on its queue (workers/tasks.py
+`hand_over`), not behind the prompts waiting there: its prefix is still in the host's cache, and a
+run with 100,000 prompts queued does not park its partial completions in Redis for hours.
+
+Why it cannot change a record: the follow-up of a cut at a staged cap is the exact continuation
 (`replies.follow_up`): its input is the prompt's ids and every id generated so far, and it asks for
-what is left of the real cap. A model conditioned on its own prefix goes on as if the cap had been
+the next stage of the real cap. A model conditioned on its own prefix goes on as if the cap had been
 larger from the start, so the record is the one a single request with the full cap gives, token for
 token (tests/sglang_real/test_first_cap.py, on SGLang's own server); only `continued` counts the
 extra part. The follow-up stays in the prompt's own queue (a cut at the first cap says nothing about
 the prompt being long), and affinity routing sends it to the host whose radix cache holds its prefix
 (the same leading prompt tokens rank the same host first: workers/upstreams.py).
 
-`auto`: the cap is the `first_cap_quantile` of the dataset's finished completion lengths (the
+`auto`: the cap is the `first_cap_quantile` (the median) of the dataset's finished completion lengths (the
 histogram `status` reads, common/fleet_stats.py), once `first_cap_min_samples` have finished; until
 then `first_cap_start`. Each worker re-reads it every `REFRESH_S`, so the cap follows the run. The
 first completions to finish are the short ones, so an early quantile is low; that costs a
@@ -57,6 +66,8 @@ MIN_FIRST_CAP = 128
 # follow-up the scheduler refuses (its input bound is context - 6: 0.5.23 `managers/utils.py::
 # validate_input_length`), losing the first part.
 MIN_STAGED_REST = 64
+# Each staged follow-up asks this many times the cap of the part before it (the module's docstring).
+STAGE_GROWTH = 2
 
 
 def staged(payload: TaskPayload, cap: int | None, *, api: str, exact_text: bool) -> TaskPayload:
@@ -73,6 +84,13 @@ def staged(payload: TaskPayload, cap: int | None, *, api: str, exact_text: bool)
         # repeats) belongs to the whole completion; the next part's guard only sees its own tokens.
         return payload
     return replace(payload, max_new_tokens=cap, staged_from=payload.max_new_tokens)
+
+
+def next_stage(asked: int, left: int) -> int:
+    """What the follow-up of a cut at a staged cap of `asked` tokens asks, with `left` of the real
+    cap to go: twice `asked`, or all of `left` when twice would leave less than MIN_STAGED_REST."""
+    ask = STAGE_GROWTH * asked
+    return left if ask > left - MIN_STAGED_REST else ask
 
 
 def first_request(payload: TaskPayload) -> bool:

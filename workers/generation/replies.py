@@ -44,6 +44,7 @@ from genfleet.common.records import TaskPayload, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
 from genfleet.workers.errors import GenerationError, PermanentError, WorkerError
 from genfleet.workers.generation.client import Generation, StreamWatch, chat_body, generate_body
+from genfleet.workers.generation.first_cap import next_stage
 from genfleet.workers.generation.loop_guard import LoopThresholds
 from genfleet.workers.runtime import WorkerRuntime
 
@@ -129,11 +130,14 @@ def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started
     if generation.finish_reason.get("type") != "length" or server_cut(payload, generation):
         return None
     if payload.staged_from is not None and generation.output_ids and generation.loop is None:
-        # Cut at the first cap (workers/generation/first_cap.py): go on up to the real cap, in the
-        # prompt's own queue, whatever `on_truncated` says (a cut there is judged by it). A loop
-        # found on the chunk that reached the cap ends the completion there, as in one request.
-        return _continued(payload, generation, payload.staged_from - generation.completion_tokens,
-                          started_at, partition=payload.partition, staged_from=None)
+        # Cut at a staged cap (workers/generation/first_cap.py): go on towards the real cap, in the
+        # prompt's own queue, whatever `on_truncated` says (only a cut at the real cap is judged by
+        # it), asking the next stage. A loop found on the chunk that reached the cap ends the
+        # completion there, as in one request.
+        left = payload.staged_from - generation.completion_tokens
+        ask = next_stage(payload.max_new_tokens, left)
+        return _continued(payload, generation, ask, started_at, partition=payload.partition,
+                          staged_from=payload.staged_from if ask < left else None)
     if generation.loop is not None or payload.regenerate != "last" or payload.on_truncated == "keep":
         return None
     total = max(payload.max_new_tokens_total or 0, payload.max_new_tokens)

@@ -1,0 +1,93 @@
+"""The sim's KV cache admits by reservation, as SGLang 0.5.23's PrefillAdder does (sim.capacity):
+a generous cap keeps requests waiting while the cache is mostly empty; a small one admits more."""
+from __future__ import annotations
+
+import asyncio
+
+from helpers.sim_in_process import generate, served
+
+from genfleet.sim.capacity import CLIP_MAX_NEW_TOKENS, Capacity, CapacitySettings, KvClaim
+
+
+def admitted(max_total_tokens: int, claims: list[KvClaim], ratio: float = 0.5) -> int:
+    """How many of `claims`, asked at once, run before any decodes."""
+    capacity = Capacity(CapacitySettings(max_total_tokens=max_total_tokens, new_token_ratio=ratio), clock=lambda: 0.0)
+
+    async def scenario() -> int:
+        waits = [asyncio.ensure_future(capacity.acquire(claim)) for claim in claims]
+        await asyncio.sleep(0)
+        for wait in waits:
+            wait.cancel()
+        return capacity.running
+
+    return asyncio.run(scenario())
+
+
+def test_a_request_needs_its_whole_clipped_cap_and_the_running_ones_a_share_of_theirs():
+    # Each holds 100 + 0.5 x 1,000 = 600 once running; a newcomer needs 100 + 1,000 = 1,100.
+    claims = [KvClaim(100, 1000) for _ in range(20)]
+    assert admitted(1100, claims) == 1  # an empty cache takes the first whatever it asks
+    assert admitted(1700, claims) == 2  # 600 + 1,100
+    assert admitted(1699, claims) == 1
+    assert admitted(6000, claims) == 9  # 8 x 600 + 1,100 = 5,900; 9 x 600 + 1,100 = 6,500
+    # A cap beyond SGLang's estimation clip reserves as the clip does.
+    assert admitted(6000, [KvClaim(100, 10_240) for _ in range(5)]) == admitted(
+        6000, [KvClaim(100, CLIP_MAX_NEW_TOKENS) for _ in range(5)])
+
+
+def test_a_smaller_cap_admits_more_of_the_same_requests():
+    big, small = ([KvClaim(200, cap) for _ in range(150)] for cap in (4000, 400))
+    assert admitted(16_384, small) > 5 * admitted(16_384, big)
+
+
+def test_a_request_that_ends_gives_its_room_to_the_next_in_line():
+    capacity = Capacity(CapacitySettings(max_total_tokens=1100, new_token_ratio=0.5), clock=lambda: 0.0)
+    first, second = KvClaim(100, 1000), KvClaim(100, 1000)
+
+    async def scenario() -> tuple[int, int, int]:
+        await capacity.acquire(first)
+        waiting = asyncio.ensure_future(capacity.acquire(second))
+        await asyncio.sleep(0)
+        before = (capacity.running, capacity.waiting)
+        capacity.release(first)
+        await waiting
+        return (*before, capacity.running)
+
+    assert asyncio.run(scenario()) == (1, 1, 1)
+
+
+def test_a_waiting_request_that_leaves_lets_a_smaller_one_behind_it_in():
+    capacity = Capacity(CapacitySettings(max_total_tokens=1700, new_token_ratio=0.5), clock=lambda: 0.0)
+
+    async def scenario() -> int:
+        await capacity.acquire(KvClaim(100, 1000))  # holds 600
+        big = asyncio.ensure_future(capacity.acquire(KvClaim(100, 4000)))  # needs 4,100: waits
+        small = asyncio.ensure_future(capacity.acquire(KvClaim(100, 500)))  # FCFS: waits behind it
+        await asyncio.sleep(0)
+        assert capacity.waiting == 2
+        big.cancel()
+        await small
+        return capacity.running
+
+    assert asyncio.run(scenario()) == 2
+
+
+def test_loads_report_the_kv_cache_and_the_share_held(prompt):
+    flags = ("--max-total-tokens", "3000", "--new-token-ratio", "0.5", "--length-tokens", "200:200",
+             "--rate", "50", "--tick", "0.005")
+
+    async def scenario() -> tuple[dict, list[dict]]:
+        async with served(*flags) as (server, client):
+            streams = [asyncio.ensure_future(generate(client, prompt, max_new_tokens=2000)) for _ in range(4)]
+            while server.capacity.running == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)
+            load = (await client.get("/v1/loads")).json()["loads"][0]
+            return load, await asyncio.gather(*streams)
+
+    load, answers = asyncio.run(scenario())
+    # 2,000-token caps in a 3,000-token cache: one runs (a second would need its 2,000 beside the
+    # first's ~1,000 held and reserved), three wait, and the one running holds a small share.
+    assert (load["num_running_reqs"], load["num_waiting_reqs"], load["max_total_num_tokens"]) == (1, 3, 3000)
+    assert 0 < load["token_usage"] < 0.2
+    assert all(answer["meta_info"]["completion_tokens"] == 200 for answer in answers)
