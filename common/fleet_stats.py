@@ -27,7 +27,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import redis
@@ -372,10 +372,14 @@ class WorkerBeacon:
 
     @classmethod
     def from_json(cls, text: bytes | str) -> WorkerBeacon:
+        """A beacon, of this version or another: fields a newer worker added are left out, so a
+        fleet upgraded host by host keeps its `status` (a missing field takes its default)."""
         raw = json.loads(text)
-        raw["upstreams"] = [UpstreamHealth(**{**u, "load": ServerLoad(**u["load"]) if u.get("load") else None})
+        raw["upstreams"] = [UpstreamHealth(**{**_known(UpstreamHealth, u),
+                                              "load": ServerLoad(**_known(ServerLoad, u["load"])) if u.get("load")
+                                              else None})
                             for u in raw.get("upstreams", [])]
-        return cls(**raw)
+        return cls(**_known(cls, raw))
 
     def run_in_flight(self, run: str) -> dict[tuple[str, str], int]:
         """(dataset, partition) -> tasks of `run` executing on this worker."""
@@ -384,6 +388,11 @@ class WorkerBeacon:
             partition, _, dataset = key.partition(":")
             out[(dataset, partition)] = count
         return out
+
+
+def _known(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(kind)}
+    return {name: value for name, value in raw.items() if name in names}
 
 
 def publish(client: redis.Redis, beacon: WorkerBeacon, ttl_s: float = BEACON_TTL_S) -> None:

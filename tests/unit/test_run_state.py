@@ -3,6 +3,8 @@ a row once and announces it once, never a row already settled; a row settles (do
 and counts once however often its task runs; rejections count once; counters read whole."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -105,3 +107,16 @@ def test_counters_are_read_whole_and_zero_for_a_dataset_never_seen(redis_client)
     counters = state.counters("d")
     assert set(counters) == set(COUNTER_FIELDS) and (counters["integrity"], counters["aborted"]) == (1, 3)
     assert RunState(redis_client, "another run").counters("d")["aborted"] == 0
+
+
+def test_a_beacon_from_a_newer_worker_is_read_without_the_fields_it_added(redis_client):
+    """A fleet upgraded host by host: an older `status` reads a newer worker's beacon."""
+    beacon = fleet_stats.WorkerBeacon(name="w1", pool="short", slots=150, time=100.0, upstreams=[
+        fleet_stats.UpstreamHealth("http://a", healthy=True, in_flight=3, target=20,
+                                   load=fleet_stats.ServerLoad(running=3, waiting=1, token_usage=0.5, retracted=0,
+                                                            gen_throughput=80.0))])
+    raw = json.loads(beacon.to_json())
+    raw["added_later"] = 1
+    raw["upstreams"][0]["added_later"] = 2
+    raw["upstreams"][0]["load"]["added_later"] = 3
+    assert fleet_stats.WorkerBeacon.from_json(json.dumps(raw)) == beacon
