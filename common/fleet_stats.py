@@ -33,6 +33,7 @@ from typing import Any
 import redis
 
 from genfleet.common.keys import RATE_BUCKET_TTL_S, WORKER_BEACONS, RunKeys, worker_beacon
+from genfleet.common.redis_clock import clock_for
 
 BUCKETS_PER_OCTAVE = 8
 
@@ -366,6 +367,10 @@ class WorkerBeacon:
     disk_problem: str | None = None
     # run -> dataset -> the first cap this worker's `--first-max-new-tokens auto` asks now.
     first_caps: dict[str, dict[str, int]] = field(default_factory=dict)
+    # This host's wall clock against Redis's (positive: behind; common/redis_clock.py), or None.
+    clock_offset_s: float | None = None
+    # Runs whose state this worker saw in Redis and Redis has lost since (workers/telemetry.py).
+    lost_runs: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -411,7 +416,9 @@ def withdraw(client: redis.Redis, name: str) -> None:
 
 
 def read_beacons(client: redis.Redis, now: float | None = None) -> list[WorkerBeacon]:
-    now = time.time() if now is None else now
+    """The live workers' beacons. Their times are Redis's clock (workers/telemetry.py stamps them
+    with it), so a worker on a skewed host is neither dropped nor kept past its time."""
+    now = clock_for(client).now() if now is None else now
     client.zremrangebyscore(WORKER_BEACONS, 0, now - _FORGET_AFTER_S)
     names = [n.decode() if isinstance(n, bytes) else n
              for n in client.zrangebyscore(WORKER_BEACONS, now - BEACON_TTL_S, "+inf")]

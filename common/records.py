@@ -156,10 +156,11 @@ class CompletionRecord:
 
     @classmethod
     def from_json(cls, line: str | bytes) -> CompletionRecord:
-        data = json.loads(line)
-        data["usage"] = Usage(**data["usage"])
-        data["timing"] = Timing(**data["timing"])
-        return cls(**data)
+        return cls.from_dict(json.loads(line))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompletionRecord:
+        return cls(**{**data, "usage": Usage(**data["usage"]), "timing": Timing(**data["timing"])})
 
 
 # Left out of a record's JSON line when None: records without them read as before.

@@ -55,7 +55,7 @@ from redis.retry import Retry
 
 from genfleet.common import fleet_stats
 from genfleet.common.keys import ManifestFields, RunKeys, queue_list
-from genfleet.common.records import TaskPayload
+from genfleet.common.records import CompletionRecord, TaskPayload
 from genfleet.common.settings import verify_tls_by_default
 
 # Byte value -> the bit positions (0 = most significant) set in it: decoding then costs one table
@@ -228,6 +228,17 @@ class Outcome:
     continued: bool = False
     regenerated: bool = False
 
+    @classmethod
+    def of_record(cls, record: CompletionRecord, *, expects_reasoning: bool) -> Outcome:
+        """What `record` adds: the worker's as it writes it, `genfleet recover`'s as it reads it back."""
+        return cls(
+            prompt_tokens=record.usage.prompt_tokens, completion_tokens=record.usage.completion_tokens,
+            reasoning_tokens=record.usage.reasoning_tokens, truncated=record.finish_reason == "length",
+            empty_reasoning=expects_reasoning and not record.reasoning.strip(),
+            empty_content=not record.content.strip(), looped=record.loop is not None,
+            continued=bool(record.continued), regenerated=bool(record.regenerated),
+        )
+
     def increments(self) -> dict[str, int]:
         return {
             "done": 1, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -356,13 +367,38 @@ class RunState:
                   updates: Sequence[fleet_stats.KeyUpdate] = ()) -> bool:
         """Returns True if this was the first completion of the row. `updates` (its rates:
         `fleet_stats.completion_updates`) go with the counters: once per row, in the same round trip."""
+        keys, args = self._mark_done_call(dataset, row, outcome, updates)
+        return self._mark_done(keys=keys, args=args) == 0
+
+    def mark_recovered(self, dataset: str, rows: Sequence[tuple[int, Outcome, Sequence[fleet_stats.KeyUpdate]]],
+                       ) -> tuple[int, int]:
+        """Rows whose records were found on disk (genfleet/recover.py): each settled as its worker
+        settled it (the same script: counted once per row, however often this runs), and marked
+        published as the producer marks it, counted in `total` once. One round trip for all.
+        Returns (rows settled now, rows newly counted as published)."""
+        if not rows:
+            return 0, 0
+        pipe = self.redis.pipeline(transaction=False)
+        for row, outcome, updates in rows:
+            keys, args = self._mark_done_call(dataset, row, outcome, updates)
+            self._mark_done(keys=keys, args=args, client=pipe)
+            pipe.setbit(self.keys.enqueued(dataset), row, 1)
+        replies = pipe.execute()
+        settled = sum(1 for old in replies[0::2] if old == 0)
+        published = sum(1 for old in replies[1::2] if old == 0)
+        if published:
+            self.redis.hincrby(self.keys.counters(dataset), "total", published)
+        return settled, published
+
+    def _mark_done_call(self, dataset: str, row: int, outcome: Outcome,
+                        updates: Sequence[fleet_stats.KeyUpdate]) -> tuple[list[str], list[int | str | float]]:
         counters = outcome.increments()
         keys = [self.keys.done(dataset), self.keys.counters(dataset)]
         args: list[int | str | float] = [row, len(counters), *(part for pair in counters.items() for part in pair)]
         for command, key, field, value in updates:
             keys += [] if key in keys else [key]
             args += [command, keys.index(key) + 1, field, value]
-        return self._mark_done(keys=keys, args=args) == 0
+        return keys, args
 
     def mark_skipped(self, dataset: str, row: int) -> bool:
         """A prompt that will not be generated (its dataset's token budget is spent): settled like
@@ -445,6 +481,14 @@ class RunState:
             version = tuple(int(part) for part in str(self.redis.info("server")["redis_version"]).split(".")[:2])
             self._publish = self.redis.register_script(_PUBLISH_FLAGGED if version >= (7, 0) else _PUBLISH)
         return self._publish
+
+
+def created_at(client: redis.Redis, runs: Sequence[str]) -> list[str | None]:
+    """When each run's manifest says it was first enqueued (None: no manifest), one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for run in runs:
+        pipe.hget(RunKeys(run).manifest, ManifestFields.CREATED_AT)
+    return [value.decode() if isinstance(value, bytes) else value for value in pipe.execute()]
 
 
 def connect(url: str, *, timeout_s: float | None = None) -> redis.Redis:

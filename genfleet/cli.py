@@ -10,6 +10,7 @@ from genfleet.demo import demo_command
 from genfleet.doctor.command import doctor_command
 from genfleet.export.command import export_command
 from genfleet.producer.command import enqueue_command
+from genfleet.recover import recover_command
 from genfleet.requeue import failures_command, requeue_command
 from genfleet.sim.command import sim_command
 from genfleet.status.command import status_command
@@ -26,6 +27,7 @@ app.command("sim")(sim_command)
 app.command("flower")(flower_command)
 app.command("failures")(failures_command)
 app.command("requeue")(requeue_command)
+app.command("recover")(recover_command)
 app.command("export")(export_command)
 app.command("doctor")(doctor_command)
 app.command("demo")(demo_command)

@@ -13,8 +13,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from genfleet.common.run_state import connect
+from genfleet.common.rebuild import recover
+from genfleet.common.run_state import RunState, connect, created_at
 from genfleet.common.settings import Settings, verify_tls_by_default
+from genfleet.common.shards import find_shards
 from genfleet.common.tokenizer import TokenizerNotFoundError
 from genfleet.producer.enqueue import Destination, enqueue_dataset
 from genfleet.producer.enqueue_report import (
@@ -196,6 +198,7 @@ def _enqueue(config: RunConfig, templater: PromptTemplater, *, new_run: bool, re
         console.print(f"[bold]run {escape(config.run)} has another config: enqueueing into new run "
                       f"[cyan]{escape(run)}[/][/] (use --run {escape(run)} for status and export)")
         Manifest(client, config.run).mark_superseded(run)
+    _recover_from_disk(client, run, config)
     Manifest(client, run).record(config, identity, predecessor=config.run if run != config.run else None)
     reports: list[DatasetReport] = []
     started = time.monotonic()
@@ -208,6 +211,22 @@ def _enqueue(config: RunConfig, templater: PromptTemplater, *, new_run: bool, re
         finally:
             publisher.close()
     Console().print(results_table(run, reports, time.monotonic() - started))
+
+
+def _recover_from_disk(client: redis.Redis, run: str, config: RunConfig) -> None:
+    """A run this Redis has never seen (or has lost: no manifest) whose records lie on this host's
+    disk: their rows are settled from them first (genfleet/recover.py), so only the rest is
+    published. Other hosts' shards need `genfleet recover` there."""
+    if config.output_dir is None or created_at(client, [run])[0] is not None:
+        return
+    shards = find_shards([config.output_dir], run)
+    if not shards:
+        return
+    console.print(f"run {escape(run)} is not in this Redis, but {len(shards)} of its shards are under "
+                  f"{escape(str(config.output_dir))}: settling their rows first (genfleet recover)")
+    found = recover(RunState(client, run), [config.output_dir], reasoning_parser=config.reasoning_parser)
+    console.print(f"{sum(found.settled.values()):,} rows settled from {sum(found.records.values()):,} records; "
+                  "records on other hosts: run `genfleet recover` there")
 
 
 def _dry_run(config: RunConfig, templater: PromptTemplater) -> None:

@@ -359,6 +359,9 @@ class RunConfig:
     reasoning_parser: str
     max_queue_depth: dict[str, int]  # per queue; 0: unlimited
     batch_rows: int
+    # This host's shards (GENFLEET_OUTPUT_DIR): a run new to Redis with records there is recovered
+    # from them before anything is published (producer/command.py).
+    output_dir: Path | None = None
 
     def identity(self) -> dict[str, Any]:
         """Run-wide settings that decide completions (the tokenizer's fingerprint is added to it)."""
@@ -409,6 +412,7 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
         reasoning_parser=settings.reasoning_parser,
         max_queue_depth=dict(DEFAULT_QUEUE_DEPTH) if depth is None else {p: depth for p in PARTITIONS},
         batch_rows=_first(cli.batch_size, top.batch_size, settings.enqueue_batch_rows),
+        output_dir=Path(settings.output_dir),
     )
 
 

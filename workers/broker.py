@@ -62,6 +62,7 @@ from kombu.utils.json import dumps, loads
 from genfleet.common import kombu_wire
 from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, celery_event_channel, queue_list, transit_list, transit_queue
 from genfleet.common.kombu_wire import EVENT_ROUTING_KEY, TaskMessageEncoder
+from genfleet.common.redis_clock import clock_for
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class QoS(kombu_redis.QoS):
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:  # a MULTI: in unacked and out of transit at once
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+            pipe.zadd(self.unacked_index_key, {delivery_tag: clock_for(self.channel.client).now()}) \
                 .hset(self.unacked_key, delivery_tag, record) \
                 .lrem(self.channel.transit_key, 1, raw) \
                 .execute()
@@ -230,7 +231,7 @@ _lock = threading.Lock()
 
 def register_transit(client: redis.Redis, key: str) -> None:
     """A channel's list, named before its first BLMOVE, so that the reaper can find it."""
-    client.zadd(TRANSITS, {key: time.time()})
+    client.zadd(TRANSITS, {key: clock_for(client).now()})
     with _lock:
         _open.add(key)
 
@@ -247,14 +248,13 @@ def renew_transits(client: redis.Redis) -> None:
     with _lock:
         keys = list(_open)
     if keys:
-        now = time.time()
-        client.zadd(TRANSITS, dict.fromkeys(keys, now))
+        client.zadd(TRANSITS, dict.fromkeys(keys, clock_for(client).now()))
 
 
 def return_stranded(client: redis.Redis, ttl_s: float) -> int:
     """Puts back on their queue the messages of every transit list not renewed for `ttl_s`; drops
     those lists. Returns how many messages went back."""
-    lapsed = client.zrangebyscore(TRANSITS, "-inf", time.time() - ttl_s)
+    lapsed = client.zrangebyscore(TRANSITS, "-inf", clock_for(client).now() - ttl_s)
     returned = 0
     for raw_key in lapsed:
         key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key

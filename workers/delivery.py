@@ -25,6 +25,9 @@ kombu's Redis transport restores an unacknowledged message only after the visibi
 outlives that timeout. Instead, every message a worker holds gets a lease in Redis that the worker
 renews on a heartbeat; the visibility timeout is set far above any task, and a reaper re-queues a
 message only when its lease has expired, i.e. its worker is gone. A live task is never restored.
+Expiries are written and judged on Redis's clock (common/redis_clock.py), never a host's own: a
+worker whose clock is 90 s off neither loses its tasks to a punctual reaper nor shields them for
+90 s after it dies.
 
 This module is the only writer of the lease zset and the reaper lock (`common/keys.py`). Restoring
 also writes kombu's own keys (`unacked`, `unacked_index`, the queue list); see `Reaper._restore`
@@ -56,6 +59,7 @@ from genfleet.common.keys import (
     queue_list,
 )
 from genfleet.common.queues import PARTITIONS
+from genfleet.common.redis_clock import clock_for
 from genfleet.common.run_state import RunState
 from genfleet.workers import broker
 
@@ -159,6 +163,7 @@ class LeaseKeeper:
     def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float,
                  in_hand: Callable[[], Collection[str] | None] = lambda: None) -> None:
         self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
+        self.clock = clock_for(client)  # expiries on Redis's clock, as the reaper judges them
         self._held: set[str] = set()
         # The delivery tags of the messages this process's Celery still means to run (None: every
         # tag held): Celery forgets the requests it had not started when its broker connection
@@ -188,7 +193,7 @@ class LeaseKeeper:
         # kombu records the delivery before Celery sees the message (kombu 5.7.0,
         # kombu/transport/virtual/base.py:645-649, `QoS.append` then the callback), so its score is there.
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(LEASES, {tag: time.time() + self.ttl_s})
+        pipe.zadd(LEASES, {tag: self.clock.now() + self.ttl_s})
         pipe.zscore(KOMBU_UNACKED_INDEX, tag)
         _, delivered_at = pipe.execute()
         with self._lock:
@@ -230,7 +235,8 @@ class LeaseKeeper:
         if in_hand is not None:
             alive = [tag for tag in alive if tag in in_hand]
         if alive:
-            self.redis.zadd(LEASES, {tag: time.time() + self.ttl_s for tag in alive})
+            expiry = self.clock.now() + self.ttl_s
+            self.redis.zadd(LEASES, dict.fromkeys(alive, expiry))
 
     def _drop_released(self) -> None:
         with self._lock:
@@ -292,6 +298,7 @@ class Reaper:
     def __init__(self, client: redis.Redis, *, ttl_s: float, interval_s: float, restart_grace_s: float = 0.0,
                  unaccounted_interval_s: float = 0.0) -> None:
         self.redis, self.ttl_s, self.interval_s = client, ttl_s, interval_s
+        self.clock = clock_for(client)  # every host's leases judged on one clock: Redis's
         # No lease is judged this soon after Redis comes back (the workers pass their lease TTL).
         self.restart_grace_s = restart_grace_s
         # How often, fleet-wide, a reaper checks for prompts nobody holds (0: never).
@@ -333,7 +340,7 @@ class Reaper:
     def _pass(self) -> list[str]:
         if not self._leases_trusted():
             return []
-        now = time.time()
+        now = self.clock.now()
         # Only messages fetched more than a lease ago: a fresh one may not have its lease yet.
         candidates = self.redis.zrangebyscore(KOMBU_UNACKED_INDEX, 0, now - self.ttl_s)
         restored = []
@@ -400,7 +407,7 @@ class Reaper:
             # Read again under WATCH: the lease may have been renewed since the pass read it (a
             # worker back from a Redis outage renews all its leases at once).
             expiry = pipe.zscore(LEASES, tag)
-            if expiry is not None and expiry > time.time():
+            if expiry is not None and expiry > self.clock.now():
                 return
             raw = pipe.hget(KOMBU_UNACKED, tag)
             pipe.multi()

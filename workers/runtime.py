@@ -3,6 +3,7 @@ pool, the shard writers and the run state. Built once from the worker's `Setting
 worker shutdown; the task and the signal handlers receive it, nothing looks it up globally."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -91,11 +92,17 @@ class WorkerRuntime:
     def start_background(self) -> None:
         """Lease heartbeat, reaper, upstream health probes and (auto) admission control: run in every
     worker, busy or not."""
+        with contextlib.suppress(redis.RedisError):  # read at the first lease otherwise
+            self.leases.clock.resync()  # and warns now if this host's clock is off
         self.leases.start()
         self.reaper.start()
         self.upstreams.start_probes()
         if self.admission is not None:
             self.admission.start_thread()
+
+    def runs(self) -> list[str]:
+        """The runs this worker has taken prompts of."""
+        return list(self._states)
 
     def run_state(self, run: str) -> RunState:
         state = self._states.get(run)

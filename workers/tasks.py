@@ -162,14 +162,7 @@ def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple
 
 
 def outcome_of(record: CompletionRecord, parser: str, chat_template_kwargs: dict[str, Any]) -> Outcome:
-    expects_reasoning = starts_in_reasoning(get_format(parser), chat_template_kwargs)
-    return Outcome(
-        prompt_tokens=record.usage.prompt_tokens, completion_tokens=record.usage.completion_tokens,
-        reasoning_tokens=record.usage.reasoning_tokens, truncated=record.finish_reason == "length",
-        empty_reasoning=expects_reasoning and not record.reasoning.strip(),
-        empty_content=not record.content.strip(), looped=record.loop is not None,
-        continued=bool(record.continued), regenerated=bool(record.regenerated),
-    )
+    return Outcome.of_record(record, expects_reasoning=starts_in_reasoning(get_format(parser), chat_template_kwargs))
 
 
 def summary(record: CompletionRecord) -> dict[str, Any]:

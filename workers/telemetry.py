@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,7 +40,7 @@ from genfleet.common import fleet_stats
 from genfleet.common.keys import KOMBU_UNACKED, queue_list
 from genfleet.common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
 from genfleet.common.records import CompletionRecord, TaskPayload
-from genfleet.common.run_state import PERMANENT, TRANSIENT
+from genfleet.common.run_state import PERMANENT, TRANSIENT, created_at
 from genfleet.workers.admission import streams
 from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.runtime import WorkerRuntime
@@ -273,6 +272,8 @@ class Beacon:
 
     def __init__(self, client: redis.Redis, runtime: WorkerRuntime, pool: str, slots: int) -> None:
         self.redis, self.runtime, self.pool, self.slots = client, runtime, pool, slots
+        # Each run this worker has taken prompts of -> when its manifest says it was created.
+        self._created: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="telemetry-beacon", daemon=True)
 
@@ -291,10 +292,26 @@ class Beacon:
         for (run, dataset), cap in self.runtime.first_caps.current().items():
             first_caps.setdefault(run, {})[dataset] = cap
         fleet_stats.publish(self.redis, fleet_stats.WorkerBeacon(
-            name=self.runtime.name, pool=self.pool, slots=self.slots, time=time.time(),
+            name=self.runtime.name, pool=self.pool, slots=self.slots, time=self.runtime.leases.clock.now(),
             upstreams=upstream_view(self.runtime), in_flight=IN_FLIGHT.by_run(),
             disk_problem=self.runtime.disk.problem(), first_caps=first_caps,
+            clock_offset_s=self.runtime.leases.clock.offset_s(), lost_runs=self.lost_runs(),
         ))
+
+    def lost_runs(self) -> list[str]:
+        """Runs whose state Redis lost since this worker saw them: a manifest it read once is gone (a
+        restart without AOF, a failover, a flush). `status` raises the alarm from the beacon, which
+        outlives the loss; it clears once the run has a manifest again (re-enqueued)."""
+        runs = self.runtime.runs()
+        if not runs:
+            return []
+        lost = []
+        for run, created in zip(runs, created_at(self.redis, runs), strict=True):
+            if created is not None:
+                self._created[run] = created
+            elif run in self._created:
+                lost.append(run)
+        return lost
 
     def _loop(self) -> None:
         while True:

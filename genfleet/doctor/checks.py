@@ -61,6 +61,7 @@ from typing import Any
 import httpx
 import redis
 
+from genfleet.common import redis_clock
 from genfleet.common.fleet_stats import ServerLoad
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import ReasoningFormat
@@ -151,10 +152,10 @@ def write_probe(root: Path) -> None:
 
 QUEUED_PROMPT_BYTES = 1385
 QUEUED_BYTES_PER_TOKEN = 13.9
-# Leases (TTL 60 s, renewed every 15 s: workers/delivery.py) are written with one worker's clock and
-# judged by the reaper's, and rate buckets and beacons are per wall-clock second and minute: hosts
-# must agree to well within a heartbeat. Redis's clock is the one every host can compare with.
-WARN_SKEW_S = 1.0
+# Leases run on Redis's clock (common/redis_clock.py), but rate buckets and beacons are per
+# wall-clock second and minute, and records carry this host's timestamps: hosts must agree to well
+# within a beacon's interval. Redis's clock is the one every host can compare with.
+WARN_SKEW_S = redis_clock.WARN_OFFSET_S
 FAIL_SKEW_S = 5.0
 CLOCK_FIX = "sync this host's clock (NTP: `timedatectl set-ntp true`, or chrony) and Redis's host"
 
@@ -242,18 +243,15 @@ def memory_check(client: redis.Redis, preflight: Preflight) -> Check:
 
 def clock_check(client: redis.Redis) -> Check:
     name = "clock vs Redis"
-    before = time.time()
     try:
-        seconds, micros = client.time()
+        reading = redis_clock.read(client)
     except redis.RedisError as error:
         return warn(name, f"TIME refused: {error}", CLOCK_FIX)
-    after = time.time()
-    # Redis read its clock somewhere within the round trip: compare with its middle.
-    skew = seconds + micros / 1e6 - (before + after) / 2
+    skew = reading.offset_s
     detail = f"this host is {abs(skew):.3f} s {'behind' if skew > 0 else 'ahead of'} Redis " \
-             f"(round trip {(after - before) * 1000:.1f} ms)"
+             f"(round trip {reading.round_trip_s * 1000:.1f} ms)"
     if abs(skew) >= FAIL_SKEW_S:
-        return fail(name, f"{detail}: leases and rates would be judged wrongly", CLOCK_FIX)
+        return fail(name, f"{detail}: rates, beacons and records' timestamps would be off", CLOCK_FIX)
     if abs(skew) >= WARN_SKEW_S:
         return warn(name, detail, CLOCK_FIX)
     return ok(name, detail)

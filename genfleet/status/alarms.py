@@ -87,6 +87,17 @@ def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
     for problem in status.disk_problems:
         lines.append(f"worker {problem}: it takes no new prompts until it can write (free space, the "
                      "output volume, permissions); its prompts wait in the queue, nothing is dead-lettered")
+    if status.lost_by:
+        run = status.run
+        lines.append(f"state lost: Redis no longer has run {run}, which worker {status.lost_by[0]} saw (a restart "
+                     "without AOF, a failover, a flush?); its records are safe on disk. Run `genfleet recover --run "
+                     f"{run} --from OUTPUT_DIR` on each host (or once with every host's directory), then re-run "
+                     f"`genfleet enqueue --run {run}` with the same datasets: only the rows with no record are "
+                     "generated (docs/running.md, \"If Redis lost its data\")")
+    for worker, offset in sorted(status.skewed_clocks.items()):
+        lines.append(f"clock: worker {worker}'s host is {abs(offset):.1f} s {'behind' if offset > 0 else 'ahead of'} "
+                     "Redis: its leases are safe (they run on Redis's clock), but its rates, beacons and records' "
+                     "timestamps are off; sync it (NTP; `genfleet doctor` checks it)")
     if lost := sum(status.unaccounted.values()):
         where = ", ".join(f"{dataset} {count:,}" for dataset, count in sorted(status.unaccounted.items()))
         lines.append(f"lost: {lost:,} prompts are neither queued, running, done, dead, rejected nor skipped "

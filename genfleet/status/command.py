@@ -18,7 +18,7 @@ from rich.text import Text
 
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, flower_auth_problem, printable_url
-from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings
+from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings, alarms
 from genfleet.status.read_model import read_status
 from genfleet.status.render import keys_not_echoed, render, status_console, status_json
 from genfleet.workers.command import usage_error
@@ -66,7 +66,12 @@ def _status(client: redis.Redis, run: str, watch: bool, as_json: bool, settings:
         return
     console = status_console(wide)
     status = read_status(client, run)
-    if not status.datasets:
+    if not status.datasets and status.lost_by:
+        for line in alarms(status, settings):
+            console.print(f"[red]alarm:[/] {escape(line)}", soft_wrap=True)
+        if not watch:
+            raise typer.Exit(1)
+    elif not status.datasets:
         # Most often a typo in --run or another Redis: say so rather than show an empty, "finished" run.
         console.print(f"[yellow]run {escape(run)} has no datasets in this Redis[/] (never enqueued, another "
                       "--run, or another GENFLEET_REDIS_URL?)")

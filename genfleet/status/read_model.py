@@ -34,6 +34,7 @@ from genfleet.common.fleet_stats import LengthHistogram
 from genfleet.common.keys import KOMBU_UNACKED, ManifestFields, RunKeys, queue_list
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.redis_checks import durability_problems
+from genfleet.common.redis_clock import WARN_OFFSET_S
 from genfleet.common.run_state import RunState
 from genfleet.status.eta import DatasetWork, Eta, PoolThroughput, estimate_etas
 
@@ -175,6 +176,10 @@ class RunStatus:
     totals: DatasetStatus = field(repr=False)
     # "worker: problem" for each live worker that cannot write its shards
     disk_problems: list[str] = field(default_factory=list)
+    # Worker name -> its wall clock's offset from Redis's, where past WARN_OFFSET_S
+    skewed_clocks: dict[str, float] = field(default_factory=dict)
+    # Live workers that saw this run's state in Redis, which has lost it since
+    lost_by: list[str] = field(default_factory=list)
     # Dataset -> prompts neither queued, running, done, dead, rejected nor skipped: their message is
     # lost (found by the workers' check, workers/delivery.py)
     unaccounted: dict[str, int] = field(default_factory=dict)
@@ -241,6 +246,7 @@ def read_progress(client: redis.Redis, run: str) -> RunProgress:
 
 
 def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunStatus:
+    beacons_at = now  # None: Redis's clock, which the workers stamp their beacons with
     now = time.time() if now is None else now
     progress = read_progress(client, run)
     names = [d.dataset for d in progress.datasets]
@@ -250,7 +256,7 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
     window_counts = fleet_stats.read_rates(client, run, since=created_at if created_at else first, now=now)
     histograms = fleet_stats.read_lengths(client, run, names)
     partition_done = fleet_stats.read_partition_done(client, run)
-    live = fleet_stats.read_beacons(client, now)
+    live = fleet_stats.read_beacons(client, beacons_at)
 
     in_flight: dict[tuple[str, str], int] = defaultdict(int)
     for beacon in live:
@@ -267,6 +273,9 @@ def read_status(client: redis.Redis, run: str, now: float | None = None) -> RunS
         upstreams=_upstreams(live), workers=len(live), created_at=created_at, first_finished=first,
         last_finished=last, totals=_totals(progress, datasets, window_counts, histograms),
         disk_problems=[f"{b.name}: {b.disk_problem}" for b in live if b.disk_problem],
+        lost_by=[b.name for b in live if run in b.lost_runs],
+        skewed_clocks={b.name: b.clock_offset_s for b in live
+                       if b.clock_offset_s is not None and abs(b.clock_offset_s) >= WARN_OFFSET_S},
         unaccounted=RunState(client, run).unaccounted(),
         redis_problems=durability_problems(client),
     )

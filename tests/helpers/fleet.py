@@ -100,7 +100,9 @@ class Fleet:
         return self.genfleet("enqueue", "--run", run, "--tokenizer", str(TOKENIZER), *extra, *datasets)
 
     def start_worker(self, pool: str, *upstreams: str, concurrency: int | None = None,
-                     wait: bool = True, metrics_port: int | None = None) -> WorkerProcess:
+                     wait: bool = True, metrics_port: int | None = None,
+                     env: dict[str, str] | None = None) -> WorkerProcess:
+        """`env`: more environment for this worker alone (a fault injected into its process)."""
         log = self.workdir / f"worker-{pool}-{len(self.workers)}.log"
         args = [sys.executable, "-m", "genfleet", "worker", "--pool", pool, "--loglevel", "INFO"]
         for url in upstreams:
@@ -110,7 +112,7 @@ class Fleet:
         if metrics_port:
             args += ["--metrics-port", str(metrics_port)]
         handle = open(log, "w")
-        process = subprocess.Popen(args, env=self.env, cwd=self.workdir, stdout=handle,
+        process = subprocess.Popen(args, env={**self.env, **(env or {})}, cwd=self.workdir, stdout=handle,
                                    stderr=subprocess.STDOUT)
         worker = WorkerProcess(process, log)
         self.workers.append(worker)

@@ -12,6 +12,7 @@ from helpers.kombu_messages import held_message
 
 from genfleet.common.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, LEASES, REAPER_LOCK
 from genfleet.common.queues import SHORT
+from genfleet.common.redis_clock import read
 from genfleet.workers.delivery import LeaseKeeper, Reaper
 
 PAYLOAD = {"run": "r", "dataset": "d", "row": 1, "id": "d/1"}
@@ -25,25 +26,30 @@ def held(redis_client, redis_url):
         yield message.delivery_tag
 
 
+def redis_now(client) -> float:
+    """Redis's clock, which leases are written and judged with (common/redis_clock.py)."""
+    return read(client).redis_time
+
+
 def lease_left(client, tag: str) -> float | None:
     expiry = client.zscore(LEASES, tag)
-    return None if expiry is None else expiry - time.time()
+    return None if expiry is None else expiry - redis_now(client)
 
 
 def fetched_long_ago(client, tag: str, seconds: float = 600) -> None:
-    client.zadd(KOMBU_UNACKED_INDEX, {tag: time.time() - seconds})
+    client.zadd(KOMBU_UNACKED_INDEX, {tag: redis_now(client) - seconds})
 
 
 def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_message_is_acked(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
     keeper.hold(held)
-    assert 59 < lease_left(redis_client, held) <= 60
-    redis_client.zadd(LEASES, {held: time.time() + 1})  # a minute goes by
+    assert 59 < lease_left(redis_client, held) <= 60.01  # two readings of Redis's clock, each within half a round trip
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})  # a minute goes by
     keeper.renew()
-    assert 59 < lease_left(redis_client, held) <= 60
+    assert 59 < lease_left(redis_client, held) <= 60.01  # two readings of Redis's clock, each within half a round trip
 
     keeper.release(held, acked=True)
-    redis_client.zadd(LEASES, {held: time.time() + 1})
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
     keeper.renew()
     # Not renewed, and not deleted either: until the ack the message must not look abandoned.
     assert 0 < lease_left(redis_client, held) <= 1
@@ -83,12 +89,12 @@ def test_a_lost_ack_is_not_finished_for_a_message_redelivered_to_another_worker(
     keeper.hold(held)
     keeper.release(held, acked=True)
     # The reaper restored it and another worker took it: a new delivery time, that worker's lease.
-    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: time.time() + 1})
-    redis_client.zadd(LEASES, {held: time.time() + 600})
+    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: redis_now(redis_client) + 1})
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 600})
     time.sleep(0.06)
     keeper.renew()
     assert redis_client.hexists(KOMBU_UNACKED, held) and lease_left(redis_client, held) > 500
-    redis_client.zadd(LEASES, {held: time.time() + 1})
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
     keeper.renew()
     assert lease_left(redis_client, held) <= 1, "the other worker's lease is not this keeper's to renew"
 
@@ -97,7 +103,7 @@ def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
     keeper.hold(held)
     redis_client.hdel(KOMBU_UNACKED, held)  # restored elsewhere, or acked
-    redis_client.zadd(LEASES, {held: time.time() + 1})
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
     keeper.renew()
     assert lease_left(redis_client, held) <= 1, "a renewed lease would shield the message from the reaper"
 
@@ -123,7 +129,7 @@ def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_clie
         keeper.release(running_delivery_tag("task-1"), acked=True)  # the attempt's postrun
     finally:
         state.reset_state()
-    redis_client.zadd(LEASES, {"t-attempt": time.time() + 1, "t-retry": time.time() + 1})
+    redis_client.zadd(LEASES, {"t-attempt": redis_now(redis_client) + 1, "t-retry": redis_now(redis_client) + 1})
     keeper.renew()
     assert lease_left(redis_client, "t-retry") > 59
     assert lease_left(redis_client, "t-attempt") <= 1  # left to lapse until its ack
@@ -175,7 +181,7 @@ def test_a_message_fetched_within_a_lease_is_left_alone_before_its_lease_is_writ
 def test_an_expired_lease_gets_its_message_restored_exactly_once(redis_client, held):
     LeaseKeeper(redis_client, ttl_s=5, heartbeat_s=1).hold(held)
     fetched_long_ago(redis_client, held)
-    redis_client.zadd(LEASES, {held: time.time() - 1})  # its worker died: nobody renews it
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) - 1})  # its worker died: nobody renews it
 
     reapers = [Reaper(redis_client, ttl_s=5, interval_s=1) for _ in range(2)]
     assert reapers[0].reap_once() == [held]
@@ -217,13 +223,13 @@ def test_a_lease_renewed_after_the_pass_read_it_keeps_its_message(redis_client, 
     """The race the Redis-restart chaos test once lost (a duplicated record): a worker back from an
     outage renews its leases between the pass reading them and restoring the message."""
     fetched_long_ago(redis_client, held)
-    redis_client.zadd(LEASES, {held: time.time() - 1})  # lapsed while Redis was away
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) - 1})  # lapsed while Redis was away
     reaper = Reaper(redis_client, ttl_s=5, interval_s=1)
     read = reaper._lease_expiries
 
     def read_then_renewed(tags):
         expiries = list(read(tags))  # the pass has read every lease as lapsed...
-        redis_client.zadd(LEASES, {held: time.time() + 60})  # ...then the live worker renews
+        redis_client.zadd(LEASES, {held: redis_now(redis_client) + 60})  # ...then the live worker renews
         return iter(expiries)
 
     reaper._lease_expiries = read_then_renewed
@@ -241,6 +247,6 @@ def test_only_one_reaper_works_at_a_time(redis_client, held):
 
 
 def test_a_lapsed_lease_of_a_message_already_settled_is_forgotten(redis_client):
-    redis_client.zadd(LEASES, {"gone-tag": time.time() - 600})  # its worker died after the ack
+    redis_client.zadd(LEASES, {"gone-tag": redis_now(redis_client) - 600})  # its worker died after the ack
     Reaper(redis_client, ttl_s=5, interval_s=1).reap_once()
     assert redis_client.zcard(LEASES) == 0
