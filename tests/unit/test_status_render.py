@@ -190,3 +190,18 @@ def test_an_admission_bound_host_is_named_with_its_load_and_what_to_run():
                and "--first-max-new-tokens auto" in line for line in alarms(status))
     busy = replace(bound, load=ServerLoad(running=140, waiting=5, token_usage=0.93, retracted=0, gen_throughput=9e3))
     assert not any("admission-bound" in line for line in alarms(replace(status, upstreams=[busy])))
+
+
+def test_a_skewed_worker_clock_and_a_lost_run_state_are_alarms_that_say_what_to_do():
+    from dataclasses import replace
+
+    from genfleet.status.alarms import alarms
+
+    quiet = alarms(big_run())
+    assert not any(line.startswith(("clock:", "state lost:")) for line in quiet)
+    status = replace(big_run(), skewed_clocks={"short-gpu3-41": -90.0}, lost_by=["short-gpu3-41"])
+    lines = alarms(status)
+    assert any(line.startswith("clock: worker short-gpu3-41's host is 90.0 s ahead of Redis") and "NTP" in line
+               for line in lines)
+    assert any(line.startswith(f"state lost: Redis no longer has run {status.run}")
+               and f"genfleet recover --run {status.run} --from OUTPUT_DIR" in line for line in lines)
