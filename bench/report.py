@@ -333,7 +333,7 @@ def _real_server_section(results: Results) -> list[str]:
 def _admission_tables(real: dict, sim: dict) -> list[str]:
     """Per server shape, every configuration on SGLang's scheduler, the sim's ratio beside it."""
     fixed, per_request, per_token = real["step_s"]
-    lines = ["### Admission: staged first caps and `--in-flight auto` (10.4-10.6)", "",
+    lines = ["### Admission: staged first caps and `--in-flight auto` (the last three figures of section 10)", "",
              f"{real['prompts']} prompts of the seeds' length shape (lognormal, median 646, mean 1,416, cap 10,240), "
              f"scaled by {real['length_scale']:g} in tokens, and so are the caps, the KV sizes and SGLang's estimation "
              "clip (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` 512). **The step time is a model**: the forward patch "

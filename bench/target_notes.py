@@ -115,3 +115,24 @@ def affinity_note(hosts: int, affinity_cached: float, least_busy_cached: float) 
         f"meeting in one prefill batch cost 0.8%, and holding a prompt's later samples back until the first "
         f"one's first token gained nothing measurable, so it was not kept."
     )
+
+
+def admission_note(real: dict, shape: str) -> str:
+    """Why staged caps and `--in-flight auto` missed on SGLang's own scheduler (bench/admission.py)."""
+    configs = real["shapes"][shape]["configs"]
+    base, staged, auto = configs["full cap, fixed 150"], configs["staged, fixed 150"], configs["full cap, auto"]
+    targets = [value for _, value in auto["target_over_time"]]
+    stalled = next((value for value in targets if targets.count(value) >= 4), None)
+    return (f"Staged caps alone: {staged['tokens_per_s_ratio']:.2f}× the defaults' tok/s (running "
+            f"{base['running']:.0f} → {staged['running']:.0f}, time to first token p50 {base['ttft_p50_s']:.1f} → "
+            f"{staged['ttft_p50_s']:.1f} s, {staged['identical_records']} of {real['prompts']} records identical). "
+            f"`--in-flight auto` costs more than that: its target went {', '.join(map(str, targets[:8]))} "
+            f"(every 10 s){f', stalled at {stalled}' if stalled else ''}, where the fixed 150 kept "
+            f"{base['running']:.0f} running. It judges each raise by the tok/s SGLang reports in `/v1/loads` "
+            "(`gen_throughput`: the tokens of the scheduler's last log interval, `--decode-log-interval` 40 decode "
+            "steps: SGLang 0.5.23 `managers/scheduler_components/metrics_reporter.py`), read one "
+            "interval (2 s) after the raise: three raises in a row looked flat, and it held for a minute "
+            "(`HOLD_S`). The fix is in workers/admission.py: judge a raise only once the server's figure can "
+            "show it (over the raises together, or after its next log interval), and let a host with nothing "
+            "waiting keep rising; then run this bench again. The defaults stay fixed and full cap. The first cap "
+            "stayed at its floor, 128 (`MIN_FIRST_CAP`), above this workload's scaled median (~81 tokens).")
