@@ -19,9 +19,13 @@ The rule, per host, every `admission_interval_s`:
   the streams open, not from the last target: lowering a target closes no stream, so the readings
   until the streams drain would otherwise lower it again and again, down to one.)
 - a waiting queue below it, and this worker filling its target: raise the target, by a quarter
-  when nothing waits, else by half the shortfall (weighted by the share), while each raise still
-  raises the host's tok/s; after `FLAT_RAISES` raises in a row that did not, hold for `HOLD_S`,
-  then try again (the host's shape may have changed).
+  when nothing waits, else by half the shortfall (weighted by the share), while the raises still
+  raise the host's tok/s: every `FLAT_RAISES` raises are judged together, and when together they
+  did not lift it by `MIN_GAIN`, hold for `HOLD_S`, then try again (the host's shape may have
+  changed). Together, because SGLang's tok/s is the mean over its last log interval, which a
+  reading just after a raise does not yet hold, and is 0 until its first interval ends: judged one
+  by one against that, the first three raises of a run looked flat on SGLang's own scheduler, and
+  the target stalled at 31 for a minute on a host with room for 400 (bench/results.md, section 10).
 - never above the ceiling (`--concurrency` split over the hosts: an operator raises it there),
   never below 1.
 
@@ -73,8 +77,8 @@ class HostAdmission:
     target: float
     mode: str = "auto"  # "auto", or "fixed" when the host does not report its load
     load: ServerLoad | None = None
-    raised_from_tps: float | None = None  # the host's tok/s before the last raise
-    flat_raises: int = 0
+    raised_from_tps: float | None = None  # the host's tok/s before the raises being judged
+    raises: int = 0  # raises since then
     hold_until: float = 0.0
     unreadable: int = 0  # readings in a row that gave nothing usable
 
@@ -84,12 +88,13 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     streams open to it now. A float: each worker's share of a correction is a fraction of a
     stream, and rounding each step would make the sum depend on the number of workers."""
     target = host.target
-    if host.raised_from_tps is not None:  # judge the last raise by what it did to tok/s
-        gained = load.gen_throughput > host.raised_from_tps * (1 + MIN_GAIN)
-        host.flat_raises = 0 if gained else host.flat_raises + 1
-        host.raised_from_tps = None
-        if host.flat_raises >= FLAT_RAISES:
-            host.flat_raises, host.hold_until = 0, now + HOLD_S
+    if host.raised_from_tps is not None and host.raises >= FLAT_RAISES:
+        # Judge the last FLAT_RAISES raises together, by what they did to tok/s: SGLang's figure is
+        # the tokens of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
+        # metrics_reporter.py`), so a reading just after a raise does not show it yet.
+        if load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
+            host.hold_until = now + HOLD_S
+        host.raised_from_tps, host.raises = None, 0
     held = load.running + load.waiting
     share = min(mine / held, 1.0) if held > 0 else 1.0
     wanted = load.wanted_waiting()
@@ -104,7 +109,12 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     elif load.waiting > 2 * wanted:
         target = min(target, mine - share * (load.waiting - wanted) * EXCESS_GAIN)
     elif load.waiting < wanted and filling and now >= host.hold_until and target < ceiling:
-        host.raised_from_tps = load.gen_throughput
+        # A host that reports no tok/s yet (SGLang's first log interval has not ended) has nothing
+        # to judge a raise by: judged against 0, the first raises of every run looked flat.
+        if host.raised_from_tps is None and load.gen_throughput > 0:
+            host.raised_from_tps, host.raises = load.gen_throughput, 0
+        if host.raised_from_tps is not None:
+            host.raises += 1
         if load.waiting == 0:  # room, perhaps much: a quarter more (at least a stream in all)
             target = max(target * RAISE_FACTOR, target + share)
         else:
@@ -159,7 +169,7 @@ class AdmissionControl:
                 with self._lock:
                     host.load = None  # a reading from before it went down says nothing now
                     if host.mode == "auto":
-                        host.target, host.raised_from_tps, host.flat_raises = self.start, None, 0
+                        host.target, host.raised_from_tps, host.raises = self.start, None, 0
                 self.pool.set_cap(url, streams(host.target))
                 continue
             load = self._read(url, host)

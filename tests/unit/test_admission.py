@@ -6,6 +6,7 @@ rest, as SGLang does."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,15 +23,24 @@ def reading(held: int, admits: int, *, saturates_at: int = 10_000, retracted: in
 
 
 def settle(workers: int, admits: int, *, ceiling: int = 150, steps: int = 160, saturates_at: int = 10_000,
-           start: int = START, finishing: float = 0.1) -> list[int]:
+           start: int = START, finishing: float = 0.1, lag: int = 0, silent: int = 0) -> list[int]:
     """Each worker fills its target at once (it has prompts to spare), but above a lowered target
     its streams close only as they finish (`finishing` of them per reading); every worker moves
-    its target on the same reading."""
+    its target on the same reading. `lag`: readings by which the host's tok/s trails its batch
+    (SGLang's is the mean over its last log interval); `silent`: first readings that report no
+    tok/s at all (SGLang's before its first log interval ends)."""
     hosts = [HostAdmission(target=start) for _ in range(workers)]
     open_streams = [streams(start)] * workers
     now, filled = 0.0, False
+    held_before: list[int] = []
     for _ in range(steps):
+        held_before.append(sum(open_streams))
         load = reading(sum(open_streams), admits, saturates_at=saturates_at)
+        if lag:
+            lagged = reading(held_before[max(0, len(held_before) - 1 - lag)], admits, saturates_at=saturates_at)
+            load = replace(load, gen_throughput=lagged.gen_throughput)
+        if len(held_before) <= silent:
+            load = replace(load, gen_throughput=0.0)
         # Once the host was full, the workers never starve it: a lowered target must not be
         # lowered again by every reading taken while the streams above it drain.
         filled = filled or load.running == admits
@@ -58,6 +68,13 @@ def test_several_workers_on_one_host_settle_where_one_worker_does(admits, worker
 def test_a_host_with_room_is_filled_to_the_ceiling_while_its_tok_s_rises():
     assert settle(1, admits=1000, ceiling=150) == [150]
     assert sum(settle(3, admits=1000, ceiling=150)) == 450
+
+
+@pytest.mark.parametrize(("lag", "silent"), [(1, 0), (2, 0), (1, 3), (0, 4)])
+def test_a_host_with_room_is_filled_as_fast_when_its_tok_s_trails_its_batch_or_starts_at_zero(lag, silent):
+    # Ten raises of a quarter take 16 to 150, in 16 readings: against a tok/s of 0 before the host's
+    # first log interval, the first three raises looked flat and held the target for a minute.
+    assert settle(1, admits=1000, ceiling=150, steps=16, lag=lag, silent=silent) == [150]
 
 
 def test_no_further_raise_once_the_hosts_tok_s_stops_rising():
