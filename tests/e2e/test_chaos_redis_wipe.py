@@ -38,7 +38,7 @@ def test_a_redis_that_lost_its_data_is_rebuilt_from_the_shards_and_nothing_done_
             data = write_prompts(tmp_path / "w.jsonl", PROMPTS)
             worker = fleet.start_worker("short", sim.url, concurrency=30)
             fleet.enqueue("wipe", f"w={data}")
-            wait_until(lambda: len(fleet.records("wipe")) >= PROMPTS // 3, timeout=90)
+            wait_until(lambda: fleet.progress("wipe").totals().done >= PROMPTS // 3, timeout=90, interval=0.05)
             in_flight = fleet.redis.hlen(KOMBU_UNACKED)
             server.kill()
             server.start()
