@@ -317,7 +317,7 @@ def test_a_streamed_generate_that_stops_ends_on_the_matched_stop_token_in_the_sa
             else:
                 events = post(url, "/generate", body).events
             whole = generate(url, ids, stream=False, **sampling).json()
-            if name == "sim" or interval:
+            if name == "sim":  # the real one is at the cadence where the machine allowed: real_stream_at_cadence
                 assert counts(events) == cadence(events[-1]["meta_info"]["completion_tokens"], interval or 1)
             assert events[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
             kind = stream_kind(events)
