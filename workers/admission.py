@@ -19,13 +19,15 @@ The rule, per host, every `admission_interval_s`:
   the streams open, not from the last target: lowering a target closes no stream, so the readings
   until the streams drain would otherwise lower it again and again, down to one.)
 - a waiting queue below it, and this worker filling its target: raise the target, by a quarter
-  when nothing waits, else by half the shortfall (weighted by the share), while the raises still
-  raise the host's tok/s: every `FLAT_RAISES` raises are judged together, and when together they
-  did not lift it by `MIN_GAIN`, hold for `HOLD_S`, then try again (the host's shape may have
-  changed). Together, because SGLang's tok/s is the mean over its last log interval, which a
-  reading just after a raise does not yet hold, and is 0 until its first interval ends: judged one
-  by one against that, the first three raises of a run looked flat on SGLang's own scheduler, and
-  the target stalled at 31 for a minute on a host with room for 400 (bench/results.md, section 10).
+  when nothing waits (doubled while the KV cache is less than half in use: a raise can only
+  overfill a host by queueing, which the next reading shows, or by running its KV out, which is
+  far off then), else by half the shortfall (weighted by the share), while the raises still raise
+  the host's tok/s: the raises of `FLAT_RAISES` readings are judged together, and when together they did not lift it by `MIN_GAIN`, the target goes back to where
+  they started and holds for `HOLD_S`, then tries again (the host's shape may have changed).
+  Together, because SGLang's tok/s is the mean over its last log interval, which a reading just
+  after a raise does not yet hold, and is 0 until its first interval ends: judged one by one
+  against that, the first three raises of a run looked flat on SGLang's own scheduler, and the
+  target stalled at 31 for a minute on a host with room for 400 (bench/results.md, section 10).
 - never above the ceiling (`--concurrency` split over the hosts: an operator raises it there),
   never below 1.
 
@@ -37,8 +39,14 @@ combined target without talking to each other (tests/unit/test_admission.py simu
 A host without `/v1/loads` (an older SGLang, a router, a proxy: a 404, or `UNREADABLE_READINGS`
 answers in a row that are not a load) keeps the fixed share, said once in the log and by
 `genfleet doctor`. A worker with no stream open to a host leaves its target as it is: the server's
-counts are other workers' then. A host that goes down starts again from `START` when it comes
-back: its cache, and perhaps its shape, are new.
+counts are other workers' then.
+
+Where a target starts: the pool's fixed share (150 short, 32 long per host; less where the ceiling
+is lower), and there again when a host that went down comes back (its cache, and perhaps its shape,
+are new). From the defaults, `auto` moves only where a reading says the host wants it: down on a
+host whose KV cache admits fewer, up on one with room. A start below them cost every run a ramp of
+ten readings (20 s) and, judged by a tok/s the server had not reported yet, a minute held at 31
+on a host with room for 400 (bench/results.md, section 10, at 48a2b91).
 """
 from __future__ import annotations
 
@@ -56,13 +64,14 @@ from genfleet.workers.upstreams import UpstreamPool
 log = logging.getLogger(__name__)
 
 LOADS_PATH = "/v1/loads"
-# Where a host's target starts (and starts again after the host was down): low enough that a
-# KV-limited host is not flooded before its first reading, raised by a quarter per reading.
-START = 16
 RAISE_FACTOR = 1.25
+# Nothing waiting and the KV cache less than this full: raise by ROOMY_RAISE_FACTOR instead.
+ROOMY_USAGE = 0.5
+ROOMY_RAISE_FACTOR = 2.0
 RETRACTION_FACTOR = 0.8
 EXCESS_GAIN = 0.5
-# A raise that did not lift the host's tok/s by this fraction counts as flat.
+# Raises that did not lift the host's tok/s by this fraction, FLAT_RAISES readings after the first
+# of them, count as flat.
 MIN_GAIN = 0.02
 FLAT_RAISES = 3
 HOLD_S = 60.0
@@ -78,7 +87,8 @@ class HostAdmission:
     mode: str = "auto"  # "auto", or "fixed" when the host does not report its load
     load: ServerLoad | None = None
     raised_from_tps: float | None = None  # the host's tok/s before the raises being judged
-    raises: int = 0  # raises since then
+    raised_from_target: float = 0.0  # and the target then
+    readings: int = 0  # readings since then
     hold_until: float = 0.0
     unreadable: int = 0  # readings in a row that gave nothing usable
 
@@ -88,13 +98,17 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     streams open to it now. A float: each worker's share of a correction is a fraction of a
     stream, and rounding each step would make the sum depend on the number of workers."""
     target = host.target
-    if host.raised_from_tps is not None and host.raises >= FLAT_RAISES:
-        # Judge the last FLAT_RAISES raises together, by what they did to tok/s: SGLang's figure is
-        # the tokens of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
-        # metrics_reporter.py`), so a reading just after a raise does not show it yet.
+    if host.raised_from_tps is not None:
+        host.readings += 1
+    if host.raised_from_tps is not None and host.readings >= FLAT_RAISES:
+        # Judge the last raises together, by what they did to tok/s: SGLang's figure is the tokens
+        # of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
+        # metrics_reporter.py`), so a reading just after a raise does not show it yet. Streams that
+        # add no tok/s only slow every other stream down: back to where the raises started.
         if load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
+            target = min(target, host.raised_from_target)
             host.hold_until = now + HOLD_S
-        host.raised_from_tps, host.raises = None, 0
+        host.raised_from_tps = None
     held = load.running + load.waiting
     share = min(mine / held, 1.0) if held > 0 else 1.0
     wanted = load.wanted_waiting()
@@ -112,11 +126,10 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
         # A host that reports no tok/s yet (SGLang's first log interval has not ended) has nothing
         # to judge a raise by: judged against 0, the first raises of every run looked flat.
         if host.raised_from_tps is None and load.gen_throughput > 0:
-            host.raised_from_tps, host.raises = load.gen_throughput, 0
-        if host.raised_from_tps is not None:
-            host.raises += 1
-        if load.waiting == 0:  # room, perhaps much: a quarter more (at least a stream in all)
-            target = max(target * RAISE_FACTOR, target + share)
+            host.raised_from_tps, host.raised_from_target, host.readings = load.gen_throughput, target, 0
+        if load.waiting == 0:  # room, perhaps much: a quarter more, or twice (at least a stream in all)
+            factor = ROOMY_RAISE_FACTOR if load.token_usage < ROOMY_USAGE else RAISE_FACTOR
+            target = max(target * factor, target + share)
         else:
             target += share * (wanted - load.waiting) * EXCESS_GAIN
     return max(1.0, min(target, float(ceiling)))
@@ -133,8 +146,7 @@ class AdmissionControl:
     each host keeps its fixed share: the readings still show when a host is admission-bound, which
     is what tells an operator on the defaults to try the other modes."""
 
-    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, steer: bool,
-                 start: int = START) -> None:
+    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, steer: bool, start: int) -> None:
         self.pool = pool
         self.ceiling = ceiling
         self.interval_s = interval_s
@@ -169,7 +181,7 @@ class AdmissionControl:
                 with self._lock:
                     host.load = None  # a reading from before it went down says nothing now
                     if host.mode == "auto":
-                        host.target, host.raised_from_tps, host.raises = self.start, None, 0
+                        host.target, host.raised_from_tps = self.start, None
                 self.pool.set_cap(url, streams(host.target))
                 continue
             load = self._read(url, host)

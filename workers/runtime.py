@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from celery.worker import state as celery_state
 
+from genfleet.common.queues import IN_FLIGHT_PER_HOST
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
 from genfleet.common.tokenizer import load_tokenizer
@@ -80,6 +81,7 @@ class WorkerRuntime:
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
             first_caps=FirstCaps(client_redis, settings),
             admission=AdmissionControl(upstreams, ceiling=per_upstream_cap(settings),
+                                       start=IN_FLIGHT_PER_HOST[settings.pool],
                                        interval_s=settings.admission_interval_s,
                                        steer=settings.in_flight_mode == "auto"),
         )

@@ -1,8 +1,9 @@
 """`--in-flight auto` against the simulator's `/v1/loads` (its `--max-running` slots stand for the
-KV cache that admits requests): a worker's target settles just above what the host admits, two
-workers on one host settle at the same sum, a host that goes away is ramped up again when it comes
-back, and a host without `/v1/loads` keeps the fixed count. Read from the workers' beacons, as
-`genfleet status` reads them."""
+KV cache that admits requests): from the fixed share, a worker's target settles just above what the
+host admits, two workers on one host settle at the same sum, a host with room past the fixed share
+is filled up to what it admits, and again from the fixed share when it comes back after going away,
+and a host without `/v1/loads` keeps the fixed count. Read from the workers' beacons, as `genfleet
+status` reads them."""
 from __future__ import annotations
 
 import time
@@ -11,10 +12,12 @@ from helpers.data import write_jsonl
 from helpers.sim_process import SimProcess
 
 from genfleet.common.fleet_stats import read_beacons, wanted_waiting
-from genfleet.workers.admission import START
+from genfleet.common.queues import IN_FLIGHT_PER_HOST
 
 ADMITS = 24  # the sim's --max-running
-CEILING = 100  # --concurrency: far above what the host admits
+CEILING = 60  # --concurrency: far above what the host admits, and where a target starts
+ROOMY = 200  # a host with room for more than the fixed share (150) ...
+ROOMY_CEILING = 300  # ... and an operator who raised the ceiling for it
 # Requests of ~8 s each, so that every worker keeps its target full for the whole test.
 SIM_FLAGS = ("--rate", "100", "--length-tokens", "700:900", "--stream-interval", "64")
 
@@ -43,19 +46,19 @@ def settled_sum(fleet, url: str, workers: int, *, after: float, seconds: float =
     return sum(sums) / len(sums)
 
 
-def start(fleet, tmp_path, url: str, workers: int, prompts: int = 400) -> None:
+def start(fleet, tmp_path, url: str, workers: int, prompts: int = 400, ceiling: int = CEILING) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"admission {n}"} for n in range(prompts)])
     fleet.configure(in_flight_mode="auto", admission_interval_s=0.5, health_interval_s=1, breaker_open_s=2,
                     shutdown_grace_s=1)
     for _ in range(workers):
-        fleet.start_worker("short", url, concurrency=CEILING)
+        fleet.start_worker("short", url, concurrency=ceiling)
     fleet.enqueue("adm", f"a={tmp_path / 'a.jsonl'}", extra=("--max-new-tokens-short", "1000"))
 
 
 def test_one_and_two_workers_settle_just_above_what_the_host_admits(fleet, tmp_path):
     with SimProcess(*SIM_FLAGS, "--max-running", str(ADMITS)) as sim:
         start(fleet, tmp_path, sim.url, workers=1)
-        alone = settled_sum(fleet, sim.url, 1, after=5.0)  # the ramp from START
+        alone = settled_sum(fleet, sim.url, 1, after=10.0)  # down from the start, as streams finish
         fleet.start_worker("short", sim.url, concurrency=CEILING)
         # The first worker's streams above its lowered target drain as they finish (~8 s each).
         together = settled_sum(fleet, sim.url, 2, after=12.0)
@@ -65,19 +68,21 @@ def test_one_and_two_workers_settle_just_above_what_the_host_admits(fleet, tmp_p
     assert abs(together - alone) <= 0.1 * alone + 1, (alone, together)
 
 
-def test_a_host_that_goes_away_is_ramped_up_again_when_it_comes_back(fleet, tmp_path):
-    sim = SimProcess(*SIM_FLAGS, "--max-running", "60")
+def test_a_host_with_room_is_filled_and_filled_again_when_it_comes_back(fleet, tmp_path):
+    start_at = IN_FLIGHT_PER_HOST["short"]
+    sim = SimProcess(*SIM_FLAGS, "--max-running", str(ROOMY))
     sim.start()
     try:
-        start(fleet, tmp_path, sim.url, workers=1)
-        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= 55 else None, 40, "a target of 55")
+        start(fleet, tmp_path, sim.url, workers=1, prompts=4000, ceiling=ROOMY_CEILING)
+        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= ROOMY - 5 else None, 40,
+                 f"a target of {ROOMY - 5}")
         port = sim.port
         sim.stop()
         # Down: its circuit opens (the probes, failed requests) and its target falls back to the start.
-        wait_for(lambda: True if targets(fleet, sim.url) == [START] else None, 60, "the start target")
-        sim = SimProcess(*SIM_FLAGS, "--max-running", "60", port=port)
+        wait_for(lambda: True if targets(fleet, sim.url) == [start_at] else None, 60, "the start target")
+        sim = SimProcess(*SIM_FLAGS, "--max-running", str(ROOMY), port=port)
         sim.start()
-        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= 55 else None, 60, "the ramp again")
+        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= ROOMY - 5 else None, 60, "the ramp again")
     finally:
         sim.stop()
 

@@ -13,7 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genfleet.common.fleet_stats import ServerLoad, wanted_waiting
-from genfleet.workers.admission import START, HostAdmission, next_target, streams
+from genfleet.common.queues import IN_FLIGHT_PER_HOST
+from genfleet.workers.admission import HostAdmission, next_target, streams
+
+START = IN_FLIGHT_PER_HOST["short"]  # where a worker's target starts: the pool's fixed share
 
 
 def reading(held: int, admits: int, *, saturates_at: int = 10_000, retracted: int = 0) -> ServerLoad:
@@ -66,20 +69,34 @@ def test_several_workers_on_one_host_settle_where_one_worker_does(admits, worker
 
 
 def test_a_host_with_room_is_filled_to_the_ceiling_while_its_tok_s_rises():
-    assert settle(1, admits=1000, ceiling=150) == [150]
-    assert sum(settle(3, admits=1000, ceiling=150)) == 450
+    assert settle(1, admits=1000, ceiling=400) == [400]
+    assert sum(settle(3, admits=2000, ceiling=400)) == 1200
 
 
 @pytest.mark.parametrize(("lag", "silent"), [(1, 0), (2, 0), (1, 3), (0, 4)])
 def test_a_host_with_room_is_filled_as_fast_when_its_tok_s_trails_its_batch_or_starts_at_zero(lag, silent):
-    # Ten raises of a quarter take 16 to 150, in 16 readings: against a tok/s of 0 before the host's
-    # first log interval, the first three raises looked flat and held the target for a minute.
-    assert settle(1, admits=1000, ceiling=150, steps=16, lag=lag, silent=silent) == [150]
+    # From a low target (a host that admitted few and now has room): doubled while the KV cache is
+    # under half used, 16 to 150 in four raises. Against a tok/s of 0 before the host's first log
+    # interval, the first three raises looked flat and held the target for a minute.
+    assert settle(1, admits=1000, ceiling=150, start=16, steps=8, lag=lag, silent=silent) == [150]
+    # From the fixed share to an operator's ceiling of 400: two raises, and kept, although the
+    # host's tok/s shows them only a reading or two later.
+    assert settle(1, admits=1000, ceiling=400, steps=8, lag=lag, silent=silent) == [400]
 
 
-def test_no_further_raise_once_the_hosts_tok_s_stops_rising():
-    target = settle(1, admits=1000, ceiling=400, saturates_at=60, steps=20)[0]
-    assert 60 <= target <= 150  # three flat raises past the knee, then held
+def test_a_raise_is_a_quarter_once_the_kv_cache_is_half_used():
+    host = HostAdmission(target=100)
+    roomy = ServerLoad(running=100, waiting=0, token_usage=0.3, retracted=0, gen_throughput=1000.0)
+    assert next_target(host, roomy, mine=100, ceiling=400, now=0.0) == 200
+    host = HostAdmission(target=100)
+    assert next_target(host, replace(roomy, token_usage=0.6), mine=100, ceiling=400, now=0.0) == 125
+
+
+def test_raises_that_did_not_lift_the_hosts_tok_s_go_back_to_where_they_started():
+    # Past the knee (60 running) from 16: raised while tok/s rose, then back after three flat ones.
+    assert 60 <= settle(1, admits=1000, ceiling=400, saturates_at=60, start=16, steps=20)[0] <= 150
+    # Already past it at the fixed share: the raises to the ceiling are taken back, and held.
+    assert settle(1, admits=1000, ceiling=400, saturates_at=60, steps=20) == [START]
 
 
 def test_a_retraction_lowers_the_target_by_a_fifth_and_a_long_queue_by_half_the_excess():
