@@ -117,22 +117,39 @@ def affinity_note(hosts: int, affinity_cached: float, least_busy_cached: float) 
     )
 
 
-def admission_note(real: dict, shape: str) -> str:
-    """Why staged caps and `--in-flight auto` missed on SGLang's own scheduler (bench/admission.py)."""
-    configs = real["shapes"][shape]["configs"]
-    base, staged, auto = configs["full cap, fixed 150"], configs["staged, fixed 150"], configs["full cap, auto"]
-    targets = [value for _, value in auto["target_over_time"]]
-    stalled = next((value for value in targets if targets.count(value) >= 4), None)
+def kv_limited_note(real: dict) -> str:
+    """Why staged caps and `--in-flight auto` fell short of 1.5× on the KV-limited server."""
+    shape = real["shapes"]["kv-limited"]
+    configs, total = shape["configs"], shape["max_total_tokens"]
+    base, staged, both = configs["full cap, fixed 150"], configs["staged, fixed 150"], configs["staged, auto"]
+    held = staged["token_usage"] * total / max(staged["running"], 1)  # KV in use per running request
+    wanted = 1.5 * base["running"]
+    extra_prefill = staged["prefilled_tokens"] - base["prefilled_tokens"]
     return (f"Staged caps alone: {staged['tokens_per_s_ratio']:.2f}× the defaults' tok/s (running "
-            f"{base['running']:.0f} → {staged['running']:.0f}, time to first token p50 {base['ttft_p50_s']:.1f} → "
-            f"{staged['ttft_p50_s']:.1f} s, {staged['identical_records']} of {real['prompts']} records identical). "
-            f"`--in-flight auto` costs more than that: its target went {', '.join(map(str, targets[:8]))} "
-            f"(every 10 s){f', stalled at {stalled}' if stalled else ''}, where the fixed 150 kept "
-            f"{base['running']:.0f} running. It judges each raise by the tok/s SGLang reports in `/v1/loads` "
-            "(`gen_throughput`: the tokens of the scheduler's last log interval, `--decode-log-interval` 40 decode "
-            "steps: SGLang 0.5.23 `managers/scheduler_components/metrics_reporter.py`), read one "
-            "interval (2 s) after the raise: three raises in a row looked flat, and it held for a minute "
-            "(`HOLD_S`). The fix is in workers/admission.py: judge a raise only once the server's figure can "
-            "show it (over the raises together, or after its next log interval), and let a host with nothing "
-            "waiting keep rising; then run this bench again. The defaults stay fixed and full cap. The first cap "
-            "stayed at its floor, 128 (`MIN_FIRST_CAP`), above this workload's scaled median (~81 tokens).")
+            f"{base['running']:.0f} → {staged['running']:.0f}, KV in use {base['token_usage']:.0%} → "
+            f"{staged['token_usage']:.0%}, time to first token p50 {base['ttft_p50_s']:.1f} → "
+            f"{staged['ttft_p50_s']:.1f} s); `--in-flight auto` on top: {both['tokens_per_s_ratio']:.2f}× (waiting "
+            f"{staged['waiting']:.0f} → {both['waiting']:.0f}: the batch is the server's either way). With staged caps "
+            f"the reservations no longer bound the batch, the KV in use does: the running requests are the long ones "
+            f"(a short one leaves the batch soon), each holding ~{held:,.0f} tokens, so 1.5× the defaults' batch "
+            f"({wanted:.0f} running) would need {wanted * held / total:.0%} of the {total:,}-token cache in use. "
+            f"The continuations prefilled {extra_prefill:,} more prompt tokens than the defaults: by the time a cut "
+            "part's follow-up came back, the full cache had evicted its prefix. What would take it further: a "
+            "cache with more room beside its reservations (this shape is KV-bound by use, the seeds' by "
+            "reservation), or a follow-up sent from the worker that holds the cut part without a trip "
+            "through the queue.")
+
+
+def over_provisioned_note(real: dict) -> str:
+    """Why `--in-flight auto` fell short of 1.2× on the over-provisioned server."""
+    configs = real["shapes"]["over-provisioned"]["configs"]
+    base, auto = configs["full cap, fixed 150"], configs["full cap, auto"]
+    targets = " ".join(f"{t}s:{v}" for t, v in auto["target_over_time"][:4])
+    decode = auto.get("decode_rate_ratio")
+    return (f"`--in-flight auto`'s target went {targets} (its ceiling: 400, every prompt of the run at once), "
+            f"running {base['running']:.0f} → {auto['running']:.0f}"
+            + (f", and the server decoded {decode:.2f}× as fast while work waited" if decode else "")
+            + f"; the wall went {base['wall_s']:.0f} → {auto['wall_s']:.0f} s. With 400 prompts the wall is the "
+            "drain: the last completions, up to the cap (1,280 tokens, one per decode step whatever the batch), "
+            "decode on after the rest are done, so a bigger batch shortens the start of the run, not its end. A "
+            "job with its queue full for hours sees the decode rate's ratio, not the wall's.")
