@@ -22,8 +22,9 @@ The rule, per host, every `admission_interval_s`:
   when nothing waits (doubled while the KV cache is less than half in use: a raise can only
   overfill a host by queueing, which the next reading shows, or by running its KV out, which is
   far off then), else by half the shortfall (weighted by the share), while the raises still raise
-  the host's tok/s: the raises of `FLAT_RAISES` readings are judged together, and when together they did not lift it by `MIN_GAIN`, the target goes back to where
-  they started and holds for `HOLD_S`, then tries again (the host's shape may have changed).
+  the host's tok/s: the raises of `FLAT_RAISES` readings are judged together, and when together
+  they did not lift it by `MIN_GAIN`, the target goes back to where they started and holds for
+  `HOLD_S`, then tries again (the host's shape may have changed).
   Together, because SGLang's tok/s is the mean over its last log interval, which a reading just
   after a raise does not yet hold, and is 0 until its first interval ends: judged one by one
   against that, the first three raises of a run looked flat on SGLang's own scheduler, and the
