@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Protocol
 
 import redis
@@ -39,6 +39,11 @@ class Publish(Protocol):
     def __call__(self, task: TaskPayload, note: str, *, next_in_line: bool = False) -> None: ...
 
 
+PAYLOAD_FIELDS = frozenset(field.name for field in fields(TaskPayload))
+# How long a worker holds a task of a newer genfleet before giving it back.
+NEWER_TASK_PAUSE_S = 5.0
+
+
 def register(app: Celery, runtime: WorkerRuntime) -> Task:
     """The generate task on `app`, running on `runtime`."""
 
@@ -47,6 +52,15 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
     # Attempts are counted in the payload (max_retries=None): failures.py decides when to stop.
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
     def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
+        if unknown := sorted(set(raw_payload) - PAYLOAD_FIELDS):
+            # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
+            # `staged_from`). Read without the field it could give another record (a staged part
+            # written as the whole completion), and failed it would be lost: it goes back to the
+            # queue for an upgraded worker, after a pause so that an old worker does not spin on it.
+            log.error("task %s has fields this worker does not know (%s): sent by a newer genfleet; upgrade "
+                      "this worker; giving it back to the queue", raw_payload.get("id"), ", ".join(unknown))
+            time.sleep(NEWER_TASK_PAUSE_S)
+            raise Reject(f"fields of a newer genfleet: {', '.join(unknown)}", requeue=True)
         payload = TaskPayload.from_dict(raw_payload)
 
         def publish(task: TaskPayload, note: str, *, next_in_line: bool = False) -> None:
