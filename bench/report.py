@@ -122,7 +122,7 @@ def _warnings(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]
     if missed and results.quick:
         lines += ["A quick run judges no target: the notes on missed targets are left out.", ""]
     elif missed:
-        lines += ["## Missed targets: why, and what would fix them", ""]
+        lines += [MISSED_SECTION, ""]
         for number, figure in missed:
             lines += [f"- **{number} {figure.name}**: {figure.note()}", ""]
     return lines
@@ -294,6 +294,7 @@ def _runs(results: Results) -> list[str]:
 
 
 REAL_SECTION = "## On SGLang's own server, beside the simulator (section 10)"
+MISSED_SECTION = "## Missed targets: why, and what would fix them"
 
 
 def _real_server_section(results: Results) -> list[str]:
@@ -370,9 +371,13 @@ def _series(points: list) -> str:
 
 def splice_real_server(existing: str, fresh: str) -> str:
     """`existing` (a whole report) with section 10 taken from `fresh` (a report of `--only real`):
-    its rows of the results table and its section replace the old ones, everything else is kept."""
+    its rows of the results table, its notes on missed targets and its section replace the old ones,
+    everything else is kept."""
     def rows(text: str) -> list[str]:
         return [line for line in text.splitlines() if line.startswith("| 10.")]
+
+    def notes(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("- **10.")]
 
     def section(text: str) -> list[str]:
         lines = text.splitlines()
@@ -383,13 +388,28 @@ def splice_real_server(existing: str, fresh: str) -> str:
         return lines[start:end]
 
     old_section, new_rows, new_section = section(existing), rows(fresh), section(fresh)
-    lines = [line for line in existing.splitlines() if not line.startswith("| 10.")]
+    lines = existing.splitlines()
+    for i in reversed(range(len(lines))):  # a missed target's note, and the blank line after it
+        if lines[i].startswith("- **10."):
+            del lines[i:i + 2 if i + 1 < len(lines) and not lines[i + 1] else i + 1]
+    lines = [line for line in lines if not line.startswith("| 10.")]
     if old_section:
         start = lines.index(REAL_SECTION)
         del lines[start:start + len(old_section)]
     # The results table's last numbered row ("| 9.2 | ..."); other tables' first cells are counts.
     table_end = max(i for i, line in enumerate(lines) if re.match(r"\| \d+\.\d+ \|", line))
     lines[table_end + 1:table_end + 1] = new_rows
+    if new_notes := notes(fresh):
+        # At the end of the missed targets' notes (a section of their own after the table, where
+        # the report had none).
+        if MISSED_SECTION not in lines:
+            after_table = next(i for i in range(table_end, len(lines)) if lines[i].startswith("## "))
+            lines[after_table:after_table] = [MISSED_SECTION, ""]
+        missed = lines.index(MISSED_SECTION)
+        end = next((i for i in range(missed + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        while lines[end - 1] == "":
+            end -= 1
+        lines[end:end] = [part for note in new_notes for part in ("", note)]
     methods = lines.index("## How each figure is measured") if "## How each figure is measured" in lines else len(lines)
     lines[methods:methods] = new_section
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""`bench/run.py --only real --into-existing` replaces section 10 of a report and keeps the rest."""
+"""`bench/run.py --only real --into-existing` replaces section 10 of a report (its rows, its notes on
+missed targets, its section) and keeps the rest."""
 from __future__ import annotations
 
 import sys
@@ -7,17 +8,19 @@ from helpers.paths import REPO
 
 sys.path.insert(0, str(REPO))
 
-from bench.report import REAL_SECTION, splice_real_server  # noqa: E402
+from bench.report import MISSED_SECTION, REAL_SECTION, splice_real_server  # noqa: E402
 
 EXISTING = "\n".join([
     "# genfleet benchmarks", "", "| # | figure | median |", "|---|---|---:|", "| 9.1 | tail | 0.91× |",
-    "| 10.1 | real, old | 1.00× |", "", REAL_SECTION, "", "old body", "", "## How each figure is measured", "",
+    "| 10.1 | real, old | 1.00× |", "", MISSED_SECTION, "", "- **2.1 cpu**: old cpu note", "",
+    "- **10.1 real, old**: old real note", "", "## What limits scaling", "", "scaling body", "", REAL_SECTION, "", "old body", "", "## How each figure is measured", "",
     "- methods", "", "| records | s |", "|---:|---:|", "| 1,000,000 records | 18.2 |", ""])
 
 
 def fresh(value: str) -> str:
     return "\n".join(["# x", "", "| # | figure | median |", "|---|---|---:|", f"| 10.1 | real, new | {value} |",
-                      f"| 10.2 | real, second | {value} |", "", REAL_SECTION, "", f"new body {value}", "",
+                      f"| 10.2 | real, second | {value} |", "", MISSED_SECTION, "",
+                      f"- **10.2 real, second**: missed at {value}", "", REAL_SECTION, "", f"new body {value}", "",
                       "## How each figure is measured", ""])
 
 
@@ -28,6 +31,10 @@ def test_section_ten_is_replaced_and_every_other_line_kept():
     assert [line for line in lines if line.startswith("| 10.")] == ["| 10.1 | real, new | 1.50× |",
                                                                     "| 10.2 | real, second | 1.50× |"]
     assert "old body" not in out and "new body 1.50×" in out
+    # The notes on missed targets: section 10's are the fresh ones, after the others.
+    notes = [line for line in lines if line.startswith("- **")]
+    assert notes == ["- **2.1 cpu**: old cpu note", "- **10.2 real, second**: missed at 1.50×"], notes
+    assert lines.index(notes[1]) < lines.index("## What limits scaling")
     # Into the results table, not after another table's row that starts with a digit.
     assert lines.index("| 9.1 | tail | 0.91× |") + 1 == lines.index("| 10.1 | real, new | 1.50× |")
     assert lines[-1] == "| 1,000,000 records | 18.2 |"
