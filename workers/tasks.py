@@ -55,8 +55,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
         if unknown := sorted(set(raw_payload) - PAYLOAD_FIELDS):
             # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
             # `staged_from`). Read without the field it could give another record (a staged part
-            # written as the whole completion), and failed it would be lost: it goes back to the
-            # queue for an upgraded worker, after a pause so that an old worker does not spin on it.
+            # written as the whole completion), and failed it would be acked (Celery acks failures),
+            # left to `status`'s unaccounted count and a requeue by hand: it goes back to the queue
+            # for an upgraded worker, after a pause so that an old worker does not spin on it.
             log.error("task %s has fields this worker does not know (%s): sent by a newer genfleet; upgrade "
                       "this worker; giving it back to the queue", raw_payload.get("id"), ", ".join(unknown))
             time.sleep(NEWER_TASK_PAUSE_S)
