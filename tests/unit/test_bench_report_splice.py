@@ -13,7 +13,8 @@ from bench.report import MISSED_SECTION, REAL_SECTION, splice_real_server  # noq
 EXISTING = "\n".join([
     "# genfleet benchmarks", "", "| # | figure | median |", "|---|---|---:|", "| 9.1 | tail | 0.91× |",
     "| 10.1 | real, old | 1.00× |", "", MISSED_SECTION, "", "- **2.1 cpu**: old cpu note", "",
-    "- **10.1 real, old**: old real note", "", "## What limits scaling", "", "scaling body", "", REAL_SECTION, "", "old body", "", "## How each figure is measured", "",
+    "- **10.1 real, old**: old real note", "", "## What limits scaling", "", "scaling body", "", REAL_SECTION,
+    "", "old body", "", "## How each figure is measured", "",
     "- methods", "", "| records | s |", "|---:|---:|", "| 1,000,000 records | 18.2 |", ""])
 
 
