@@ -3,7 +3,7 @@ and the completion record (one JSON line in a shard, worker -> disk)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 Message = dict[str, Any]
@@ -90,6 +90,11 @@ class TaskPayload:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskPayload:
         return cls(**data)
+
+    @classmethod
+    def unknown_fields(cls, data: dict[str, Any]) -> list[str]:
+        """The fields of `data` this version of the payload does not have (a newer genfleet's)."""
+        return sorted(set(data) - {known.name for known in fields(cls)})
 
 
 @dataclass

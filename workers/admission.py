@@ -101,15 +101,15 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     target = host.target
     if host.raised_from_tps is not None:
         host.readings += 1
-    if host.raised_from_tps is not None and host.readings >= FLAT_RAISES:
-        # Judge the last raises together, by what they did to tok/s: SGLang's figure is the tokens
-        # of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
-        # metrics_reporter.py`), so a reading just after a raise does not show it yet. Streams that
-        # add no tok/s only slow every other stream down: back to where the raises started.
-        if load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
-            target = min(target, host.raised_from_target)
-            host.hold_until = now + HOLD_S
-        host.raised_from_tps = None
+        if host.readings >= FLAT_RAISES:
+            # Judge the last raises together, by what they did to tok/s: SGLang's figure is the tokens
+            # of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
+            # metrics_reporter.py`), so a reading just after a raise does not show it yet. Streams that
+            # add no tok/s only slow every other stream down: back to where the raises started.
+            if load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
+                target = min(target, host.raised_from_target)
+                host.hold_until = now + HOLD_S
+            host.raised_from_tps = None
     held = load.running + load.waiting
     share = min(mine / held, 1.0) if held > 0 else 1.0
     wanted = load.wanted_waiting()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import redis
@@ -39,7 +39,6 @@ class Publish(Protocol):
     def __call__(self, task: TaskPayload, note: str, *, next_in_line: bool = False) -> None: ...
 
 
-PAYLOAD_FIELDS = frozenset(field.name for field in fields(TaskPayload))
 # How long a worker holds a task of a newer genfleet before giving it back.
 NEWER_TASK_PAUSE_S = 5.0
 
@@ -52,7 +51,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
     # Attempts are counted in the payload (max_retries=None): failures.py decides when to stop.
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
     def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
-        if unknown := sorted(set(raw_payload) - PAYLOAD_FIELDS):
+        if unknown := TaskPayload.unknown_fields(raw_payload):
             # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
             # `staged_from`). Read without the field it could give another record (a staged part
             # written as the whole completion), and failed it would be acked (Celery acks failures),
