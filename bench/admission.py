@@ -17,15 +17,17 @@ The workload is the seeds' length shape (lognormal, median 646 and mean 1,416 to
 scaled by LENGTH_SCALE in tokens so that a run takes a minute, not an hour; so are the caps, the
 first cap's start, the KV sizes and SGLang's own estimation clip (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`,
 4,096 -> 512), so every reservation the scheduler weighs keeps its proportion to the lengths. Steps
-per completion shrink by the same factor; the in-flight controller's intervals do not.
+per completion shrink by the same factor, and so do the decode steps over which SGLang's
+new_token_ratio decays (`SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`, 600 -> 75); the in-flight
+controller's intervals do not.
 
 Per configuration: tokens/s (the records' completion tokens over the wall time, and the server's
 decode rate while it still had work waiting: from 10% to 80% of the tokens it decoded), the server's
 running and waiting requests and token usage (`/v1/loads` every 0.5 s, over the middle 80% of the
 run), its retractions, tokens decoded beyond the records' (decoded twice: retracted or cut work) and
-prompt tokens prefilled, the records' time to first token (p50 / p95), and the worker's in-flight
-target and first cap over time (its beacon). Every record is compared, token for token, with the
-defaults' record of the same prompt.
+prompt tokens prefilled, the records' time to first token (p50 / p95), the worker's in-flight
+target and first cap over time (its beacon), and the scheduler's new_token_ratio over time. Every
+record is compared, token for token, with the defaults' record of the same prompt.
 """
 from __future__ import annotations
 
@@ -48,6 +50,11 @@ LENGTH_SCALE = 1 / 8
 FULL_CAP = round(10_240 * LENGTH_SCALE)  # 1,280
 ESTIMATION_CLIP = round(4096 * LENGTH_SCALE)  # SGLang's CLIP_MAX_NEW_TOKENS, scaled alike: 512
 FIRST_CAP_START = round(1024 * LENGTH_SCALE)  # the first_cap_start setting's default, scaled: 128
+# SGLang's new_token_ratio falls from 0.7 to 0.098 over this many decode steps (600:
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, 0.5.23 `managers/scheduler_components/new_token_ratio_tracker.py`),
+# scaled alike: a completion takes 1/8 of the steps here, and so does the fading of the reservation
+# its running requests make, which in a real job is over in the first completion's time.
+RATIO_DECAY_STEPS = round(600 * LENGTH_SCALE)  # 75
 # A fixed 30 ms (the weights read once per step), 0.1 ms per request in the batch, 20 us per
 # prefilled token (50,000 prompt tokens/s).
 STEP_S = (0.030, 0.0001, 0.00002)
@@ -121,10 +128,14 @@ class Timeline:
                 load = httpx.get(f"{self.url}/v1/loads", timeout=5).json()["loads"][0]
                 point.update(running=load["num_running_reqs"], waiting=load["num_waiting_reqs"],
                              usage=load["token_usage"], retracted=(load.get("queues") or {}).get("retracted", 0))
-                if self.kind == "real" and self.counters and self.counters.exists():
-                    point["decoded"] = json.loads(self.counters.read_text())["decoded_tokens"]
-                elif self.kind == "sim":
-                    point["decoded"] = httpx.get(f"{self.url}/sim/stats", timeout=5).json()["tokens_generated"]
+                if self.kind == "real":
+                    if self.counters and self.counters.exists():
+                        point["decoded"] = json.loads(self.counters.read_text())["decoded_tokens"]
+                    if (ratio := _new_token_ratio(httpx.get(f"{self.url}/metrics", timeout=5).text)) is not None:
+                        point["ratio"] = ratio
+                else:
+                    stats = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+                    point["decoded"], point["ratio"] = stats["tokens_generated"], stats["new_token_ratio"]
                 for beacon in read_beacons(self.client):
                     for upstream in beacon.upstreams:
                         if upstream.url == self.url and upstream.target:
@@ -154,14 +165,24 @@ class Timeline:
         high = next((p for p in points if p[1] - first >= 0.8 * (last - first)), points[-1])
         return (high[1] - low[1]) / (high[0] - low[0]) if high[0] > low[0] else 0.0
 
-    def over_time(self, key: str, every_s: float = 10.0) -> list[tuple[int, int]]:
+    def over_time(self, key: str, every_s: float = 10.0, digits: int = 0) -> list[tuple[int, float]]:
         """(second, value) every `every_s` seconds of the run, where the key was seen."""
         out, next_at = [], 0.0
         for point in self.points:
             if key in point and point["t"] >= next_at:
-                out.append((round(point["t"]), round(point[key])))
+                out.append((round(point["t"]), round(point[key], digits) if digits else round(point[key])))
                 next_at = point["t"] + every_s
         return out
+
+
+def _new_token_ratio(metrics: str) -> float | None:
+    """SGLang's `sglang:new_token_ratio` gauge (`--enable-metrics`; 0.5.23
+    `observability/metrics_collector.py`, set at each prefill batch, 0 before the first) from a
+    /metrics page."""
+    for line in metrics.splitlines():
+        if line.startswith("sglang:new_token_ratio"):
+            return float(line.rsplit(" ", 1)[1]) or None
+    return None
 
 
 def server_counters(kind: str, url: str, counters: Path | None) -> dict[str, int]:
@@ -215,6 +236,7 @@ def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Pat
         "continued": sum(1 for r in records if r.get("continued")), "requests": requests,
         "ttft_p50_s": _quantile(first_token, 0.5), "ttft_p95_s": _quantile(first_token, 0.95),
         "target_over_time": timeline.over_time("target"), "first_cap_over_time": timeline.over_time("first_cap"),
+        "ratio_over_time": timeline.over_time("ratio", digits=3),
         "outputs": {r["id"]: r.get("output_ids") for r in records},
     }
 
@@ -238,8 +260,14 @@ def sim_flags(total_tokens: int) -> list[str]:
 
 
 def _start_sim(procs: Processes, total_tokens: int) -> str:
-    env = {**os.environ, "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(ESTIMATION_CLIP)}
+    env = {**os.environ, **_sglang_variables()}
     return procs.start_sim("sim-admission", sim_flags(total_tokens), env)[1]
+
+
+def _sglang_variables() -> dict[str, str]:
+    """SGLang's own settings of the reservation, scaled with the lengths; the sim reads the same."""
+    return {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(ESTIMATION_CLIP),
+            "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": str(RATIO_DECAY_STEPS)}
 
 
 def measure_admission(kind: str, workload, model: Path, tmp: Path) -> dict:
@@ -280,9 +308,10 @@ def _real_server(procs: Processes, model: Path, total_tokens: int):
 
     counters = procs.dir / "counters.json"
     env = {"GENFLEET_PLAN_COUNTERS": str(counters), "GENFLEET_PLAN_STEP_S": ",".join(map(str, STEP_S)),
-           "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(ESTIMATION_CLIP)}
+           **_sglang_variables()}
+    # --enable-metrics: the new_token_ratio gauge for the timeline.
     server = RealServer(sglang_venv(), model, "--max-total-tokens", str(total_tokens), "--max-running-requests",
-                        str(CEILING + 100), "--enable-cache-report", name="admission", env=env)
+                        str(CEILING + 100), "--enable-cache-report", "--enable-metrics", name="admission", env=env)
     return server.spawn().wait_healthy()
 
 

@@ -337,21 +337,24 @@ def _admission_tables(real: dict, sim: dict) -> list[str]:
     lines = ["### Admission: staged first caps and `--in-flight auto` (the last three figures of section 10)", "",
              f"{real['prompts']} prompts of the seeds' length shape (lognormal, median 646, mean 1,416, cap 10,240), "
              f"scaled by {real['length_scale']:g} in tokens, and so are the caps, the KV sizes and SGLang's estimation "
-             "clip (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` 512). **The step time is a model**: the forward patch "
+             "clip (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` 512) and the decode steps over which SGLang's "
+             "new_token_ratio falls from 0.7 to 0.098 (`SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS` 75). "
+             "**The step time is a model**: the forward patch "
              f"sleeps {fixed * 1000:g} ms + {per_request * 1000:g} ms per request in the batch + "
              f"{per_token * 1e6:g} µs per prefilled token on top of the CPU engine's own step; the admission, "
              "waiting, retraction and continuation are SGLang's. tok/s: the records' tokens ÷ wall; decode: the "
              "server's rate from 10% to 80% of what it decoded; running, waiting, usage: `/v1/loads`, middle 80%; "
              "decoded twice: tokens the scheduler decoded beyond the records'; identical: records equal, token "
-             "for token, to the defaults'. Target and first cap: the worker's, every 10 s (second: value). "
+             "for token, to the defaults'. Target and first cap: the worker's, every 10 s (second: value); ratio: "
+             "the scheduler's new_token_ratio (`sglang:new_token_ratio`; the sim's own, modelled on it). "
              "The sim (its own lengths from the same lognormal) shows its tok/s ratio.", ""]
     for shape, measured in real["shapes"].items():
         sim_configs = sim["shapes"][shape]["configs"]
         lines += [f"**{shape}** (`--max-total-tokens {measured['max_total_tokens']:,}`)", "",
                   "| configuration | tok/s | ÷ defaults | sim ÷ defaults | decode tok/s | running | waiting | usage "
                   "| retracted | decoded twice | prefilled | continued | TTFT p50 / p95 | identical | target over time "
-                  "| first cap over time |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+                  "| first cap over time | ratio over time |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|"]
         for name, c in measured["configs"].items():
             ttft = (f"{c['ttft_p50_s']:.1f} / {c['ttft_p95_s']:.1f} s" if c["ttft_p50_s"] is not None else "—")
             lines.append(
@@ -360,7 +363,7 @@ def _admission_tables(real: dict, sim: dict) -> list[str]:
                 f"{c['waiting']:.0f} | {format_percent(c['token_usage'])} | {c['retracted_peak']} | "
                 f"{c['decoded_twice']:,} | {c['prefilled_tokens']:,} | {c['continued']} | {ttft} | "
                 f"{c['identical_records']} of {c['records']} | {_series(c['target_over_time'])} | "
-                f"{_series(c['first_cap_over_time'])} |")
+                f"{_series(c['first_cap_over_time'])} | {_series(c.get('ratio_over_time', []))} |")
         lines.append("")
     return lines
 

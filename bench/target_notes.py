@@ -135,10 +135,25 @@ def kv_limited_note(real: dict) -> str:
             f"({wanted:.0f} running) would need {wanted * held / total:.0%} of the {total:,}-token cache in use. "
             f"The follow-ups prefilled {extra_prefill:,} more prompt tokens than the defaults "
             f"({extra_prefill / max(staged['requests'] - real['prompts'], 1):,.0f} each: about a whole prefix, so the "
-            "full cache had mostly evicted it by the time the follow-up came back through the queue). Staged caps "
-            "gain most where the reservations, not the use, bound the batch: the 4,000 cap on ~300-token outputs "
-            "that ran 7 of 150 at 11% KV use; this shape, the seeds' lengths with SGLang's clip of the reservation "
-            "at 4,096 (512 scaled), already used 64% at the full cap.")
+            "full cache had mostly evicted it by the time the follow-up came back through the queue). "
+            + _ratio_note(base) +
+            "Staged caps gain most where the reservations, not the use, bound the batch: the 4,000 cap on ~300-token "
+            "outputs that ran 7 of 150 at 11% KV use, or a server that often goes idle (its ratio back at 0.7); this "
+            f"shape, the seeds' lengths with SGLang's clip of the reservation at 4,096 (512 scaled), already used "
+            f"{base['token_usage']:.0%} at the full cap.")
+
+
+def _ratio_note(base: dict) -> str:
+    """When SGLang's new_token_ratio reached its floor in the defaults' run, if it was read."""
+    points = base.get("ratio_over_time") or []
+    floor = min((value for _, value in points), default=None)
+    if floor is None:
+        return ""
+    reached = next(at for at, value in points if value <= floor)
+    return (f"SGLang's new_token_ratio fell to {floor:.2f} by {reached} s of the defaults' {base['wall_s']:.0f} s "
+            "(0.5.23 `new_token_ratio_tracker.py`: 0.7 falls to 0.098 over `SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS` "
+            "decode steps, and starts again only when the server is idle), so on a busy server a running request "
+            "is charged about a tenth of its remaining cap: the full cap's reservations mostly fade by themselves. ")
 
 
 def over_provisioned_note(real: dict) -> str:

@@ -41,9 +41,23 @@ whole `min(max_new_tokens, CLIP_MAX_NEW_TOKENS)` (4,096, or `SGLANG_CLIP_MAX_NEW
 as SGLang reads it: `environ.py`) fits in what the running requests leave, each of them holding its prompt, what it has
 decoded, and `min(max_new_tokens - decoded, 4096) x new_token_ratio` more (`add_one_req`,
 `_get_running_request_total_token_offset`). So a generous cap keeps requests waiting while the cache
-sits mostly empty, which is what staged first caps are for. Simplified: SGLang's ratio starts at
-0.7 (`SGLANG_INIT_NEW_TOKEN_RATIO`) and decays each step towards 0.098 while nothing is retracted;
-the sim's stays at `new_token_ratio`, and it never retracts (a request it admitted always fits).
+sits mostly empty, which is what staged first caps are for.
+
+The ratio moves as SGLang's does (`managers/scheduler_components/new_token_ratio_tracker.py`): it
+starts at `new_token_ratio` (0.7: `SGLANG_INIT_NEW_TOKEN_RATIO` x `--schedule-conservativeness`),
+falls by (start - floor) / `SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS` (600) on every decode step, down to
+the floor, start x `SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR` (0.14: 0.098), and is back at its start each
+time the server goes idle (`managers/scheduler.py`, the idle branch: `new_token_ratio_tracker.reset()`).
+A decode step is one token of every running request, so the steps are the shared decode clock's
+advance (prefill batches, which do not decay it in SGLang either, stop that clock). So on a busy
+server the reservation of the running requests fades within 600 steps (measured on SGLang's own
+scheduler: 0.098 from 44 s of a KV-limited run, docs/running.md), and what bounds the batch is the
+KV they hold plus one newcomer's whole clipped cap. Before the sim modelled the decay it predicted
+1.55x for staged caps where SGLang gave 1.18x (bench/results.md, section 10, at 6265e1a).
+
+Simplified: SGLang raises the ratio after a retraction (KV ran out mid-decode) and takes the work
+back; the sim never retracts: a request it admitted runs on, and at a low ratio the KV the running
+requests hold may briefly exceed the cache (its `token_usage` above 1), where SGLang would retract.
 
 Every running request decodes at the same speed, `rate / (1 + running / knee)` tokens/s, except
 while a prefill batch has the GPU (sim.capacity: `pause_decoding`), when nobody decodes, as in
@@ -108,10 +122,15 @@ from dataclasses import dataclass
 
 DEFAULT_PREFIX_CACHE_TOKENS = 500_000  # about an H200's KV pool for an 8B model at bf16
 DEFAULT_PAGE_SIZE = 16
-# SGLang 0.5.23 `environ.py`: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (the sim reads it too:
-# sim.command), SGLANG_INIT_NEW_TOKEN_RATIO.
+# SGLang 0.5.23 `environ.py`: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, SGLANG_INIT_NEW_TOKEN_RATIO,
+# SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (the sim reads the same
+# variables: sim.command).
 CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# The waiting queue is weighed again at most this often while the ratio decays (a decode step apart).
+RECHECK_MIN_S = 0.005
 
 
 @dataclass(eq=False)
@@ -221,7 +240,9 @@ class CapacitySettings:
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS  # uncached tokens in one prefill batch
     max_running: int | None = None
     max_total_tokens: int | None = None  # the KV cache that admits by reservation (sim.capacity)
-    new_token_ratio: float = INIT_NEW_TOKEN_RATIO
+    new_token_ratio: float = INIT_NEW_TOKEN_RATIO  # where the ratio starts, and starts again when idle
+    min_new_token_ratio_factor: float = MIN_NEW_TOKEN_RATIO_FACTOR  # its floor, as a share of the start
+    new_token_ratio_decay_steps: int = NEW_TOKEN_RATIO_DECAY_STEPS  # decode steps from start to floor
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # 0: no prefix cache (sim.capacity)
     page_size: int = DEFAULT_PAGE_SIZE  # the prefix cache's granularity, in tokens
@@ -249,6 +270,8 @@ class CapacityStats:
     prefill_batches: int
     prefill_busy_s: float
     uptime_s: float
+    # The share of a running request's remaining cap reserved now (sim.capacity: it decays).
+    new_token_ratio: float
 
 
 class Capacity:
@@ -260,6 +283,8 @@ class Capacity:
         self._started_at = self._last = clock()
         self._decoded = self._running_area = 0.0
         self._paused_until: float | None = None  # the end of the prefill batch running now
+        self._ratio_from = 0.0  # the decode clock when the server last left idle (the ratio's start)
+        self._recheck_pending = False
         self.running = 0
         self._waiters: deque[tuple[asyncio.Future[None], KvClaim]] = deque()
         self._claims: set[KvClaim] = set()
@@ -306,6 +331,7 @@ class Capacity:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append((waiter, claim))
+        self._recheck_while_the_ratio_decays()
         try:
             await waiter
         except asyncio.CancelledError:
@@ -322,6 +348,21 @@ class Capacity:
         self._claims.discard(claim)
         self._admit_waiting()
 
+    def new_token_ratio(self) -> float:
+        """The share of a running request's remaining cap reserved for it now: decayed by every
+        decode step since the server was last idle (sim.capacity)."""
+        start, floor = self.settings.new_token_ratio, self._ratio_floor()
+        steps = self.settings.new_token_ratio_decay_steps
+        if self.running == 0:
+            return start  # idle: SGLang resets it (the decode clock runs on meanwhile, but nothing decodes)
+        if steps <= 0:
+            return floor
+        return max(floor, start - (start - floor) / steps * (self.progress() - self._ratio_from))
+
+    def _ratio_floor(self) -> float:
+        start = self.settings.new_token_ratio
+        return min(start * self.settings.min_new_token_ratio_factor, start)
+
     def _admit_waiting(self) -> None:
         while self._waiters:
             waiter, claim = self._waiters[0]
@@ -333,6 +374,23 @@ class Capacity:
             self._waiters.popleft()
             self._start_one(claim)
             waiter.set_result(None)
+
+    def _recheck_while_the_ratio_decays(self) -> None:
+        """While requests wait on the KV cache and the ratio still falls, look again every decode step
+        or so: SGLang weighs its waiting queue every turn, and a falling ratio frees reservation with no
+        request ending (sim.capacity)."""
+        if self._recheck_pending or not self._waiters or self.settings.max_total_tokens is None:
+            return
+        if self.new_token_ratio() <= self._ratio_floor():
+            return
+
+        def recheck() -> None:
+            self._recheck_pending = False
+            self._admit_waiting()
+            self._recheck_while_the_ratio_decays()
+
+        self._recheck_pending = True
+        asyncio.get_running_loop().call_later(max(RECHECK_MIN_S, 1.0 / self._speed()), recheck)
 
     @property
     def waiting(self) -> int:
@@ -383,6 +441,7 @@ class Capacity:
             prefill_batches=self._prefill_batches,
             prefill_busy_s=self._prefill_busy_s,
             uptime_s=now - self._started_at,
+            new_token_ratio=self.new_token_ratio(),
         )
 
     def reset_stats(self) -> None:
@@ -408,7 +467,7 @@ class Capacity:
 
     def _reserved(self) -> float:
         """What the running requests hold and are expected to need (sim.capacity)."""
-        progress, ratio = self.progress(), self.settings.new_token_ratio
+        progress, ratio = self.progress(), self.new_token_ratio()
         held = 0.0
         for claim in self._claims:
             decoded = self._decoded_by(claim, progress)
@@ -418,6 +477,8 @@ class Capacity:
 
     def _start_one(self, claim: KvClaim) -> None:
         self._advance()
+        if self.running == 0:  # the server was idle until now: the ratio starts again (sim.capacity)
+            self._ratio_from = self._decoded
         claim.origin = self._decoded
         self._claims.add(claim)
         self.running += 1

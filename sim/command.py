@@ -22,6 +22,8 @@ from genfleet.sim.capacity import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_PREFIX_CACHE_TOKENS,
     INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO_FACTOR,
+    NEW_TOKEN_RATIO_DECAY_STEPS,
     CapacitySettings,
 )
 from genfleet.sim.completion import DEFAULT_REASONING_FORMAT, NO_LOOPS, REASONING_FORMAT_NAMES, LengthModel, LoopModel
@@ -199,8 +201,10 @@ def sim_settings(
     new_token_ratio: Annotated[
         float,
         typer.Option(
-            min=0.0, max=1.0, help="Share of a running request's remaining cap the KV cache keeps for it "
-            "(SGLang's new_token_ratio starts at 0.7 and decays; the sim's stays put).", rich_help_panel=_CAPACITY,
+            min=0.0, max=1.0, help="Share of a running request's remaining cap the KV cache keeps for it, at the "
+            "start and whenever the server is idle; it decays each decode step as SGLang's does (to 0.14 of it in "
+            "600 steps: SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS).",
+            rich_help_panel=_CAPACITY,
         ),
     ] = INIT_NEW_TOKEN_RATIO,
     tick: Annotated[
@@ -380,9 +384,13 @@ def sim_settings(
             capacity=CapacitySettings(rate=rate, knee=knee, prefill_rate=prefill_rate,
                                       max_prefill_tokens=max_prefill_tokens, max_running=max_running,
                                       max_total_tokens=max_total_tokens, new_token_ratio=new_token_ratio,
-                                      # SGLang's own variable, read as SGLang 0.5.23 reads it (environ.py).
+                                      # SGLang's own variables, read as SGLang 0.5.23 reads them (environ.py).
                                       clip_max_new_tokens=int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
                                                                              CLIP_MAX_NEW_TOKENS)),
+                                      min_new_token_ratio_factor=float(os.environ.get(
+                                          "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", MIN_NEW_TOKEN_RATIO_FACTOR)),
+                                      new_token_ratio_decay_steps=int(os.environ.get(
+                                          "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", NEW_TOKEN_RATIO_DECAY_STEPS)),
                                       prefix_cache_tokens=prefix_cache_tokens, page_size=page_size),
             lengths=LengthModel(
                 median=length_median,

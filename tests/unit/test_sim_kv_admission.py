@@ -91,3 +91,43 @@ def test_loads_report_the_kv_cache_and_the_share_held(prompt):
     assert (load["num_running_reqs"], load["num_waiting_reqs"], load["max_total_num_tokens"]) == (1, 3, 3000)
     assert 0 < load["token_usage"] < 0.2
     assert all(answer["meta_info"]["completion_tokens"] == 200 for answer in answers)
+
+
+def test_the_ratio_falls_each_decode_step_to_its_floor_and_starts_again_after_idle():
+    # SGLang 0.5.23 `new_token_ratio_tracker.py`: 0.7 falls by (0.7 - 0.098) / 600 per decode step.
+    now = [0.0]
+    capacity = Capacity(CapacitySettings(rate=100, knee=1e9, max_total_tokens=10_000), clock=lambda: now[0])
+    first, second = KvClaim(100, 4000), KvClaim(100, 4000)
+
+    async def scenario() -> list[float]:
+        ratios = []
+        await capacity.acquire(first)
+        for seconds in (0.0, 3.0, 6.0, 10.0):  # 100 decode steps a second
+            now[0] = seconds
+            ratios.append(capacity.new_token_ratio())
+        capacity.release(first)  # idle
+        now[0] = 20.0
+        await capacity.acquire(second)
+        ratios.append(capacity.new_token_ratio())
+        return ratios
+
+    assert [round(r, 4) for r in asyncio.run(scenario())] == [0.7, 0.399, 0.098, 0.098, 0.7]
+
+
+def test_a_busy_server_admits_a_waiting_request_once_the_ratio_has_fallen():
+    # The first holds 100 + 0.7 x 4,000 = 2,900 at the start, so a newcomer's 4,100 does not fit
+    # in 6,000; 600 decode steps later it holds 100 + 600 + 0.098 x 3,400 = 1,033, and it does,
+    # with no request ending: what makes a busy SGLang admit by the KV in use, not the caps.
+    now = [0.0]
+    capacity = Capacity(CapacitySettings(rate=100, knee=1e9, max_total_tokens=6000), clock=lambda: now[0])
+
+    async def scenario() -> tuple[int, int]:
+        await capacity.acquire(KvClaim(100, 4000))
+        second = asyncio.ensure_future(capacity.acquire(KvClaim(100, 4000)))
+        await asyncio.sleep(0.05)
+        before = capacity.running
+        now[0] = 6.0
+        await asyncio.wait_for(second, timeout=5)
+        return before, capacity.running
+
+    assert asyncio.run(scenario()) == (1, 2)
