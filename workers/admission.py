@@ -24,7 +24,8 @@ The rule, per host, every `admission_interval_s`:
   far off then), else by half the shortfall (weighted by the share), while the raises still raise
   the host's tok/s: the raises of `FLAT_RAISES` readings are judged together, and when together
   they did not lift it by `MIN_GAIN`, the target goes back to where they started and holds for
-  `HOLD_S`, then tries again (the host's shape may have changed).
+  `HOLD_S`, then tries again (the host's shape may have changed). They are judged only while this
+  worker fills its target: a run running out of prompts lowers the host's tok/s by itself.
   Together, because SGLang's tok/s is the mean over its last log interval, which a reading just
   after a raise does not yet hold, and is 0 until its first interval ends: judged one by one
   against that, the first three raises of a run looked flat on SGLang's own scheduler, and the
@@ -99,6 +100,7 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     streams open to it now. A float: each worker's share of a correction is a fraction of a
     stream, and rounding each step would make the sum depend on the number of workers."""
     target = host.target
+    filling = mine >= 0.9 * math.floor(target)
     if host.raised_from_tps is not None:
         host.readings += 1
         if host.readings >= FLAT_RAISES:
@@ -106,14 +108,16 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
             # of its last log interval (40 decode steps: 0.5.23 `managers/scheduler_components/
             # metrics_reporter.py`), so a reading just after a raise does not show it yet. Streams that
             # add no tok/s only slow every other stream down: back to where the raises started.
-            if load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
+            # Only while this worker fills its target: one whose run has run out of prompts sees the
+            # host's tok/s fall as its last streams finish, which says nothing of the raise (taken
+            # back on that, the next run's prompts met the lower target, held for a minute).
+            if filling and load.gen_throughput <= host.raised_from_tps * (1 + MIN_GAIN):
                 target = min(target, host.raised_from_target)
                 host.hold_until = now + HOLD_S
             host.raised_from_tps = None
     held = load.running + load.waiting
     share = min(mine / held, 1.0) if held > 0 else 1.0
     wanted = load.wanted_waiting()
-    filling = mine >= 0.9 * math.floor(target)
     # A lowered target closes no stream: the host sees fewer only as streams finish, seconds later.
     # So a decrease is taken from the streams open now, not from the last target: readings taken
     # before the streams drain ask for the same target again instead of lowering it once more each.

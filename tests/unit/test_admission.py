@@ -153,3 +153,17 @@ def test_a_worker_with_no_stream_on_a_busy_host_keeps_its_target():
     host = HostAdmission(target=16)
     assert next_target(host, reading(200, 60), mine=0, ceiling=150, now=0.0) == 16
     assert next_target(host, reading(60, 60, retracted=4), mine=0, ceiling=150, now=0.0) == 16
+
+
+def test_a_raise_is_not_taken_back_when_the_tok_s_fell_because_the_run_ran_out_of_prompts():
+    # Raised on a roomy host; then the run's queue runs dry and this worker's streams finish one
+    # after another, so the host's tok/s falls: that judges the work left, not the raise (bench
+    # section 10 saw 400 -> 150 at the end of a run, held for a minute).
+    host = HostAdmission(target=150)
+    roomy = ServerLoad(running=150, waiting=0, token_usage=0.1, retracted=0, gen_throughput=4500.0)
+    raised = next_target(host, roomy, mine=150, ceiling=400, now=0.0)
+    host.target = raised
+    for step, mine in enumerate((100, 60, 30), start=1):
+        draining = replace(roomy, running=mine, gen_throughput=30.0 * mine)
+        host.target = next_target(host, draining, mine=mine, ceiling=400, now=2.0 * step)
+    assert (raised, host.target, host.hold_until) == (300, 300, 0.0)
