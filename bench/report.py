@@ -346,8 +346,9 @@ def _admission_tables(real: dict, sim: dict) -> list[str]:
              "server's rate from 10% to 80% of what it decoded; running, waiting, usage: `/v1/loads`, middle 80%; "
              "decoded twice: tokens the scheduler decoded beyond the records'; identical: records equal, token "
              "for token, to the defaults'. Target and first cap: the worker's, every 10 s (second: value); ratio: "
-             "the scheduler's new_token_ratio (`sglang:new_token_ratio`, as SGLang last set it at a prefill batch: at 0 s "
-             "it may be the previous configuration's on the same server; the sim's own, modelled on it). "
+             "the scheduler's new_token_ratio (`sglang:new_token_ratio`, as SGLang last set it at a prefill "
+             "batch: at 0 s it may be the previous configuration's on the same server; the sim's own, modelled "
+             "on it). "
              "The sim (its own lengths from the same lognormal) shows its tok/s ratio.", ""]
     for shape, measured in real["shapes"].items():
         sim_configs = sim["shapes"][shape]["configs"]

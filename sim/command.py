@@ -150,6 +150,17 @@ def token_range(value: str | None, flag: str, minimum: int = 1) -> tuple[int, in
     return bounds
 
 
+def _sglang_variable(name: str, default: int | float) -> int | float:
+    """One of SGLang's own environment variables (`environ.py`), as a number of `default`'s type."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise typer.BadParameter(f"{name}={value!r} is not {type(default).__name__}") from None
+
+
 _CAPACITY = "Capacity"
 _OUTPUT = "Output"
 _FAULTS = "Faults"
@@ -385,12 +396,12 @@ def sim_settings(
                                       max_prefill_tokens=max_prefill_tokens, max_running=max_running,
                                       max_total_tokens=max_total_tokens, new_token_ratio=new_token_ratio,
                                       # SGLang's own variables, read as SGLang 0.5.23 reads them (environ.py).
-                                      clip_max_new_tokens=int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
-                                                                             CLIP_MAX_NEW_TOKENS)),
-                                      min_new_token_ratio_factor=float(os.environ.get(
-                                          "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", MIN_NEW_TOKEN_RATIO_FACTOR)),
-                                      new_token_ratio_decay_steps=int(os.environ.get(
-                                          "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", NEW_TOKEN_RATIO_DECAY_STEPS)),
+                                      clip_max_new_tokens=_sglang_variable(
+                                          "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", CLIP_MAX_NEW_TOKENS),
+                                      min_new_token_ratio_factor=_sglang_variable(
+                                          "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", MIN_NEW_TOKEN_RATIO_FACTOR),
+                                      new_token_ratio_decay_steps=_sglang_variable(
+                                          "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", NEW_TOKEN_RATIO_DECAY_STEPS),
                                       prefix_cache_tokens=prefix_cache_tokens, page_size=page_size),
             lengths=LengthModel(
                 median=length_median,

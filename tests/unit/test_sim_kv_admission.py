@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import typer
 from helpers.sim_in_process import generate, served
 
 from genfleet.sim.capacity import CLIP_MAX_NEW_TOKENS, Capacity, CapacitySettings, KvClaim
+from genfleet.sim.command import parse_sim_args
 
 
 def admitted(max_total_tokens: int, claims: list[KvClaim], ratio: float = 0.5) -> int:
@@ -131,3 +134,13 @@ def test_a_busy_server_admits_a_waiting_request_once_the_ratio_has_fallen():
         return before, capacity.running
 
     assert asyncio.run(scenario()) == (1, 2)
+
+
+def test_the_sim_reads_sglangs_own_variables_for_the_ratio_and_names_a_bad_one(monkeypatch):
+    monkeypatch.setenv("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "75")
+    monkeypatch.setenv("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", "0.2")
+    capacity = parse_sim_args([]).capacity
+    assert (capacity.new_token_ratio_decay_steps, capacity.min_new_token_ratio_factor) == (75, 0.2)
+    monkeypatch.setenv("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "many")
+    with pytest.raises(typer.BadParameter, match="SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS"):
+        parse_sim_args([])
