@@ -60,7 +60,15 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
 from genfleet.common import kombu_wire
-from genfleet.common.keys import KOMBU_UNACKED, TRANSITS, celery_event_channel, queue_list, transit_list, transit_queue
+from genfleet.common.keys import (
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    TRANSITS,
+    celery_event_channel,
+    queue_list,
+    transit_list,
+    transit_queue,
+)
 from genfleet.common.kombu_wire import EVENT_ROUTING_KEY, TaskMessageEncoder
 from genfleet.common.redis_clock import clock_for
 
@@ -70,6 +78,12 @@ log = logging.getLogger(__name__)
 class QoS(kombu_redis.QoS):
     restore_at_shutdown = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # When each message this channel delivered was recorded in `unacked` (its `unacked_index`
+        # score): an ack or give-back settles that delivery only (`settle`).
+        self._delivered_at: dict[str, float] = {}
+
     def append(self, message: Any, delivery_tag: str) -> None:
         raw = self.channel.take_in_transit()
         if raw is None:
@@ -77,20 +91,65 @@ class QoS(kombu_redis.QoS):
             return
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        delivered_at = clock_for(self.channel.client).now()
         with self.pipe_or_acquire() as pipe:  # a MULTI: in unacked and out of transit at once
-            pipe.zadd(self.unacked_index_key, {delivery_tag: clock_for(self.channel.client).now()}) \
+            pipe.zadd(self.unacked_index_key, {delivery_tag: delivered_at}) \
                 .hset(self.unacked_key, delivery_tag, record) \
                 .lrem(self.channel.transit_key, 1, raw) \
                 .execute()
+        self._delivered_at[delivery_tag] = delivered_at
         virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        delivered_at = self._delivered_at.pop(delivery_tag, None)
+        if delivered_at is None:  # delivered by kombu's own path (BRPOP): kombu's ack
+            super().ack(delivery_tag)
+            return
+        with self.channel.conn_or_acquire() as client:
+            settle(client, delivery_tag, delivered_at)
+        virtual.QoS.ack(self, delivery_tag)  # this channel's own bookkeeping
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue and self.channel.detached:
             log.warning("message %s stays unacknowledged: its broker connection was lost; the reaper re-queues "
                         "it once its lease lapses", delivery_tag)
+            self._delivered_at.pop(delivery_tag, None)
             virtual.QoS.ack(self, delivery_tag)  # this channel's own bookkeeping only
             return
-        super().reject(delivery_tag, requeue=requeue)
+        delivered_at = self._delivered_at.pop(delivery_tag, None)
+        if delivered_at is None:
+            super().reject(delivery_tag, requeue=requeue)
+            return
+        with self.channel.conn_or_acquire() as client:
+            settle(client, delivery_tag, delivered_at, requeue=requeue)
+        virtual.QoS.ack(self, delivery_tag)
+
+
+def settle(client: redis.Redis, tag: str, delivered_at: float, *, requeue: bool = False) -> bool:
+    """kombu's ack of one delivery (kombu 5.7.0 kombu/transport/redis.py `QoS.ack` →
+    `_remove_from_indices`), or its give-back (`QoS.reject(requeue=True)` → `restore_by_tag(leftmost=True)`:
+    marked redelivered, LPUSHed behind the queue's waiting messages), in one transaction, only if
+    `unacked` still holds this delivery: its `unacked_index` score is `delivered_at`. Returns False,
+    touching nothing, where it does not: the message's lease lapsed and it was delivered again, to
+    this worker or another. kombu's own ack removes the message whichever delivery holds it, and its
+    restore would re-queue a message another worker is running: a third copy."""
+    settled = False
+
+    def transaction(pipe: redis.client.Pipeline) -> None:
+        nonlocal settled
+        if pipe.zscore(KOMBU_UNACKED_INDEX, tag) != delivered_at:
+            return
+        raw = pipe.hget(KOMBU_UNACKED, tag) if requeue else None
+        pipe.multi()
+        pipe.zrem(KOMBU_UNACKED_INDEX, tag)
+        pipe.hdel(KOMBU_UNACKED, tag)
+        if raw:
+            envelope, _exchange, routing_key = kombu_wire.decode_unacked(raw)
+            pipe.lpush(queue_list(routing_key), kombu_wire.redelivered(envelope))
+        settled = True
+
+    client.transaction(transaction, KOMBU_UNACKED_INDEX)
+    return settled
 
 
 class Channel(kombu_redis.Channel):

@@ -42,7 +42,9 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -153,30 +155,74 @@ def _unaccounted_rows(client: redis.Redis, runs: list[str]) -> Rows:
 
 
 
-class LeaseKeeper:
-    """Holds leases for the delivery tags this worker process has received and not yet finished.
+class Blackout:
+    """When this process last could not trust its view of the leases: a Redis call failed or hung
+    (a restart, a silent partition), or the process itself stood still past a heartbeat (a GC or VM
+    pause, SIGSTOP). Nobody's heartbeat could be trusted to have renewed through that, so this
+    process's reaper judges no lease for a lease's time after it (`Reaper._leases_trusted`)."""
 
-    By delivery tag, never task id: Celery's retry keeps the task id (celery 5.7 `app/task.py`,
-    `Task.retry` sends the same id), so one id may be held twice at once, by the attempt that is
-    finishing and by its retry, received before the attempt's `task_postrun`."""
+    def __init__(self) -> None:
+        self._at = float("-inf")
+
+    def mark(self) -> None:
+        self._at = time.monotonic()
+
+    def within(self, seconds: float) -> bool:
+        return time.monotonic() - self._at < seconds
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One delivery of a message to this worker process: what one lease covers, from Celery's
+    receipt of the message to its task's end.
+
+    A message this process holds can be delivered to it again: its lease lapsed while it ran (the
+    process was paused past it), the reaper re-queued it, and this process took it back. Both
+    deliveries share the delivery tag (kombu stamps it when the message is published) and the task
+    id; they differ in kombu's delivery time, the message's `unacked_index` score, which
+    `workers/broker.py`'s `QoS.append` writes on every delivery. Acks, give-backs and leases name a
+    delivery by (tag, delivery time), never by task id."""
+    tag: str
+    task_id: str | None = None
+    request: Any = None  # Celery's Request, to ask whether it will still run
+    delivered_at: float | None = None  # its `unacked_index` score, read with its first lease
+    # Set once the message is known to be delivered again (to this worker or another): this copy's
+    # stream stops, and its ack or give-back touches nothing (`broker.settle`).
+    superseded: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+class LeaseKeeper:
+    """Holds a lease for every delivery this worker process has received and will still run.
+
+    **A lease follows what will actually run**, asked per delivery (`will_run`: Celery handed the
+    request to its thread pool, or holds it in its timer for a countdown), not Celery's request
+    sets: on a lost broker connection Celery empties its reserved set (celery 5.7.0
+    `worker/consumer/consumer.py` `Consumer.on_close`), yet with the threads pool those requests
+    already wait in the executor and will run. A request Celery dropped before handing it to the
+    pool (a countdown retry in the timer, which `on_close` cancels) is not renewed: its message
+    lapses to the reaper.
+
+    **A message is never run twice at once by this process.** A second delivery of a message this
+    process still holds supersedes the first copy, which stops streaming and frees its server slot;
+    the new copy starts only once every older copy of its tag or task id has ended (`await_turn`),
+    and then finds the row done if the old copy wrote it. A delivery whose message the heartbeat
+    finds delivered again elsewhere (another `unacked_index` score) is superseded too: a worker
+    that wakes from a pause past its lease stops the copies another worker is generating."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: float, heartbeat_s: float,
-                 in_hand: Callable[[], Collection[str] | None] = lambda: None) -> None:
+                 will_run: Callable[[Any], bool] = lambda _request: True,
+                 blackout: Blackout | None = None) -> None:
         self.redis, self.ttl_s, self.heartbeat_s = client, ttl_s, heartbeat_s
         self.clock = clock_for(client)  # expiries on Redis's clock, as the reaper judges them
-        self._held: set[str] = set()
-        # The delivery tags of the messages this process's Celery still means to run (None: every
-        # tag held): Celery forgets the requests it had not started when its broker connection
-        # drops (a countdown retry waiting for its time), and those messages, left unacked, must
-        # lapse to the reaper.
-        self.in_hand = in_hand
-        # When kombu recorded each held message's delivery (its `unacked_index` score, read with the
-        # lease's first write): a redelivery of the same message elsewhere gets another score.
-        self._delivered_at: dict[str, float | None] = {}
-        # Finished tasks whose lease is dropped once kombu no longer holds the message (acked, or
+        self.will_run = will_run
+        self.blackout = blackout or Blackout()
+        self._held: list[Delivery] = []  # in the order received
+        # Finished deliveries whose lease is dropped once kombu no longer holds the message (acked, or
         # given back): the lease zset holds only messages in hand. Each maps to when it finished
         # (monotonic) and whether Celery acks its message (see `release`).
-        self._released: dict[str, tuple[float, bool]] = {}
+        self._released: dict[Delivery, tuple[float, bool]] = {}
+        self._current = threading.local()  # the delivery each task thread runs (`bind`)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
@@ -187,20 +233,50 @@ class LeaseKeeper:
     def stop(self) -> None:
         self._stop.set()
 
-    def hold(self, tag: str) -> None:
+    def hold(self, tag: str, *, task_id: str | None = None, request: Any = None) -> Delivery:
+        """Leases a message just received; a copy of it this process still holds is superseded."""
+        delivery = Delivery(tag, task_id, request)
         with self._lock:
-            self._held.add(tag)
+            older = [each for each in self._held if each.tag == tag]
+            self._held.append(delivery)
         # kombu records the delivery before Celery sees the message (kombu 5.7.0,
         # kombu/transport/virtual/base.py:645-649, `QoS.append` then the callback), so its score is there.
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(LEASES, {tag: self.clock.now() + self.ttl_s})
         pipe.zscore(KOMBU_UNACKED_INDEX, tag)
-        _, delivered_at = pipe.execute()
-        with self._lock:
-            self._delivered_at[tag] = delivered_at
+        _, delivery.delivered_at = pipe.execute()
+        for copy in older:
+            self._supersede(copy, "delivered to this worker again while a copy of it still runs here")
+        return delivery
 
-    def release(self, tag: str, *, acked: bool) -> None:
-        """Stop renewing the lease of a message whose task finished. The lease is not deleted yet:
+    def bind(self, request: Any) -> None:
+        """The calling thread runs `request` (Celery calls `on_accepted` in the pool thread, just
+        before the task: celery 5.7.0 `concurrency/base.py` `apply_target`)."""
+        with self._lock:
+            self._current.delivery = next((each for each in self._held if each.request is request), None)
+
+    def current(self) -> Delivery | None:
+        """The delivery the calling task thread runs, if any."""
+        return getattr(self._current, "delivery", None)
+
+    def await_turn(self, delivery: Delivery, timeout_s: float) -> bool:
+        """Waits until every older copy of `delivery`'s message in this process (same tag, or the same
+        task id: a retry received before its attempt ended) has ended; False if one still runs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                position = self._held.index(delivery) if delivery in self._held else 0
+                older = [each for each in self._held[:position]
+                         if each.tag == delivery.tag or (delivery.task_id and each.task_id == delivery.task_id)]
+            if not older:
+                return True
+            log.warning("message %s (task %s): an older copy still runs in this worker; waiting for it to end",
+                        delivery.tag, delivery.task_id)
+            if not older[0].ended.wait(max(deadline - time.monotonic(), 0)):
+                return False
+
+    def release(self, delivery: Delivery | None, *, acked: bool) -> None:
+        """Stop renewing the lease of a delivery whose task finished. The lease is not deleted yet:
         the message is acked just after the task returns, and until then it must not look abandoned
         to the reaper. The next heartbeat drops it once kombu's `unacked` no longer has the message.
 
@@ -210,93 +286,115 @@ class LeaseKeeper:
         is down is lost (`workers/broker.py`); left to the reaper, the message would run a second
         time beside the retry or follow-up it already published, and write its record twice. So
         the heartbeat finishes an ack that has not landed a beat after the task finished."""
+        if delivery is None:
+            return
         with self._lock:
-            if tag in self._held:
-                self._held.discard(tag)
-                self._released[tag] = (time.monotonic(), acked)
+            if delivery in self._held:
+                self._held.remove(delivery)
+                self._released[delivery] = (time.monotonic(), acked and not delivery.superseded.is_set())
+        if self.current() is delivery:
+            self._current.delivery = None
+        delivery.ended.set()
 
     def renew(self) -> None:
+        started = time.monotonic()
         self._drop_released()
         with self._lock:
             held = list(self._held)
         if not held:
             return
-        # A tag whose message is no longer unacked (acked, or restored and redelivered elsewhere)
-        # must not be renewed, or it would shield that message from the reaper.
         pipe = self.redis.pipeline(transaction=False)
-        for tag in held:
-            pipe.hexists(KOMBU_UNACKED, tag)
-        alive = [tag for tag, exists in zip(held, pipe.execute(), strict=True) if exists]
+        for delivery in held:
+            pipe.zscore(KOMBU_UNACKED_INDEX, delivery.tag)
+        renewed = []
+        for delivery, delivered_at in zip(held, pipe.execute(), strict=True):
+            if delivery.delivered_at is None:  # its first read failed (Redis was away at its receipt)
+                delivery.delivered_at = delivered_at
+            if delivered_at is not None and delivered_at != delivery.delivered_at:
+                # Delivered again since (its lease lapsed: this process stood still past it).
+                self._supersede(delivery, "its lease lapsed and it was delivered again")
+            runs = self.will_run(delivery.request)
+            if not runs and delivered_at != delivery.delivered_at:
+                self._forget(delivery)  # dropped by Celery, and its message is not ours any more
+            # A message kombu no longer holds (acked, re-queued, or lost with Redis's data) has no lease
+            # to renew: a renewed lease would shield its next delivery from the reaper.
+            elif runs and delivered_at is not None and not delivery.superseded.is_set():
+                renewed.append(delivery.tag)
+        if renewed:
+            self.redis.zadd(LEASES, dict.fromkeys(renewed, self.clock.now() + self.ttl_s))
+        if time.monotonic() - started > blocked_after(self.ttl_s):
+            self.blackout.mark()  # renewed late: other workers' leases may have lapsed meanwhile too
+
+    def _supersede(self, delivery: Delivery, why: str) -> None:
+        if not delivery.superseded.is_set():
+            delivery.superseded.set()
+            log.warning("message %s (task %s) %s: this copy stops", delivery.tag, delivery.task_id, why)
+
+    def _forget(self, delivery: Delivery) -> None:
         with self._lock:
-            for gone in set(held) - set(alive):
-                self._held.discard(gone)
-                self._delivered_at.pop(gone, None)
-        in_hand = self.in_hand()
-        if in_hand is not None:
-            alive = [tag for tag in alive if tag in in_hand]
-        if alive:
-            expiry = self.clock.now() + self.ttl_s
-            self.redis.zadd(LEASES, dict.fromkeys(alive, expiry))
+            if delivery in self._held:
+                self._held.remove(delivery)
+        delivery.ended.set()
 
     def _drop_released(self) -> None:
         with self._lock:
             released = dict(self._released)
         if not released:
             return
-        settled = set(not_held(self.redis, list(released)))
+        tags = list({delivery.tag for delivery in released})
+        settled = set(not_held(self.redis, tags))
         if settled:
             self.redis.zrem(LEASES, *settled)
         overdue = time.monotonic() - self.heartbeat_s
-        forgotten = set()
-        for tag, (finished_at, acked) in released.items():
-            if tag in settled or not acked or finished_at > overdue:
+        done = {delivery for delivery in released if delivery.tag in settled}
+        for delivery, (finished_at, acked) in released.items():
+            if delivery in done or not acked or finished_at > overdue:
                 continue
-            with self._lock:
-                delivered_at = self._delivered_at.get(tag)
-            if self._finish_ack(tag, delivered_at):
-                log.warning("acknowledged message %s: Celery's ack was lost with its broker connection", tag)
-                settled.add(tag)
-            else:  # redelivered to another worker since: its lease is that worker's now
-                forgotten.add(tag)
+            if self._finish_ack(delivery):
+                log.warning("acknowledged message %s: Celery's ack was lost with its broker connection", delivery.tag)
+            # else redelivered since: its lease is that delivery's now
+            done.add(delivery)
         with self._lock:
-            for tag in settled | forgotten:
-                self._released.pop(tag, None)
-                self._delivered_at.pop(tag, None)
+            for delivery in done:
+                self._released.pop(delivery, None)
 
-    def _finish_ack(self, tag: str, delivered_at: float | None) -> bool:
-        """kombu's ack (kombu 5.7.0 kombu/transport/redis.py `QoS.ack` → `_remove_from_indices`)
-        plus dropping the lease, in one transaction, if the message is still this worker's delivery
-        (same `unacked_index` score). Returns False where it is not (redelivered, or its delivery
-        time unknown), touching nothing."""
-        finished = False
-
-        def transaction(pipe: redis.client.Pipeline) -> None:
-            nonlocal finished
-            score = pipe.zscore(KOMBU_UNACKED_INDEX, tag)
-            if delivered_at is None or score != delivered_at:
-                return
-            pipe.multi()
-            pipe.zrem(KOMBU_UNACKED_INDEX, tag)
-            pipe.hdel(KOMBU_UNACKED, tag)
-            pipe.zrem(LEASES, tag)
-            finished = True
-
-        self.redis.transaction(transaction, KOMBU_UNACKED_INDEX)
-        return finished
+    def _finish_ack(self, delivery: Delivery) -> bool:
+        """kombu's ack of this delivery, then its lease dropped; False where the message is no longer
+        this delivery (redelivered, or its delivery time unknown), touching nothing."""
+        if delivery.delivered_at is None or not broker.settle(self.redis, delivery.tag, delivery.delivered_at):
+            return False
+        self.redis.zrem(LEASES, delivery.tag)
+        return True
 
     def _beat(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self.heartbeat_s):
+            now = time.monotonic()
+            if now - last > blocked_after(self.ttl_s) + self.heartbeat_s:
+                # Paused (or starved) past a heartbeat: leases may have lapsed, and messages been
+                # re-queued; `renew` finds which and stops those copies.
+                log.warning("this worker stood still for %.1f s (a pause?): checking its leases", now - last)
+                self.blackout.mark()
             try:
                 self.renew()
             except redis.RedisError as error:  # Redis restarting: the next beat retries
+                self.blackout.mark()
                 log.warning("lease heartbeat failed: %s", error)
+            last = time.monotonic()
+
+
+def blocked_after(ttl_s: float) -> float:
+    """How long a Redis round trip (or a stand-still between heartbeats) may take before the view of
+    the leases it gave counts as stale: a quarter of a lease, within [0.5 s, 2 s] (a round trip takes
+    milliseconds)."""
+    return min(2.0, max(ttl_s / 4, 0.5))
 
 
 class Reaper:
     """Re-queues unacknowledged messages whose lease expired (their worker died)."""
 
     def __init__(self, client: redis.Redis, *, ttl_s: float, interval_s: float, restart_grace_s: float = 0.0,
-                 unaccounted_interval_s: float = 0.0) -> None:
+                 unaccounted_interval_s: float = 0.0, blackout: Blackout | None = None) -> None:
         self.redis, self.ttl_s, self.interval_s = client, ttl_s, interval_s
         self.clock = clock_for(client)  # every host's leases judged on one clock: Redis's
         # No lease is judged this soon after Redis comes back (the workers pass their lease TTL).
@@ -306,8 +404,10 @@ class Reaper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-reaper", daemon=True)
         self._token = uuid.uuid4().hex
-        # When this reaper last found Redis unreachable (monotonic): see `_leases_trusted`.
-        self._outage_at = float("-inf")
+        # When this process last could not trust its view of the leases (shared with its
+        # LeaseKeeper): see `_leases_trusted`.
+        self.blackout = blackout or Blackout()
+        self.blocked_s = blocked_after(ttl_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -318,18 +418,18 @@ class Reaper:
     def reap_once(self) -> list[str]:
         """Restores every expired message, and puts back what dead consumers left in transit;
         returns the delivery tags restored."""
+        started = time.monotonic()
         broker.renew_transits(self.redis)  # this process's consumers are alive
-        asked = time.monotonic()
         # The lock means "a pass ran this interval", not "a pass is running": it is kept until it
         # expires, so the fleet makes one pass per interval however many workers ask. Deleted at
         # the end, the next worker's timer would start another pass at once, back to back: with
         # 200 workers ~0.3 of a Redis core spent re-reading every held message (docs/scaling.md).
         if not self.redis.set(REAPER_LOCK, self._token, nx=True, px=max(int(self.interval_s * 1000), 100)):
             return []
-        if time.monotonic() - asked > min(self.interval_s, 5.0):  # the client retried through an outage
-            self._outage_at = time.monotonic()
+        if time.monotonic() - started > self.blocked_s:  # a call hung, or the client retried through an outage
+            self.blackout.mark()
         try:
-            return self._pass()
+            return self._pass(started)
         except BaseException:
             # A pass that failed (Redis went away mid-way) frees the lock, so another worker retries soon.
             with contextlib.suppress(redis.RedisError):
@@ -337,17 +437,24 @@ class Reaper:
                     self.redis.delete(REAPER_LOCK)
             raise
 
-    def _pass(self) -> list[str]:
+    def _pass(self, started: float) -> list[str]:
         if not self._leases_trusted():
             return []
         now = self.clock.now()
         # Only messages fetched more than a lease ago: a fresh one may not have its lease yet.
         candidates = self.redis.zrangebyscore(KOMBU_UNACKED_INDEX, 0, now - self.ttl_s)
+        expired = [tag for tag, expiry in self._lease_expiries(candidates) if expiry is None or expiry <= now]
+        if time.monotonic() - started > self.blocked_s:
+            # The reads hung (a silent partition): while they did, no heartbeat could renew either.
+            self.blackout.mark()
+            return []
         restored = []
-        for tag, expiry in self._lease_expiries(candidates):
-            if expiry is not None and expiry > now:
-                continue
-            if self._restore(tag):
+        for tag in expired:
+            outcome = self._restore(tag)
+            if outcome is None:  # the read under WATCH hung: the view is stale, no more judging
+                self.blackout.mark()
+                break
+            if outcome:
                 restored.append(tag)
         self._forget_orphans(now)
         broker.return_stranded(self.redis, self.ttl_s)
@@ -373,7 +480,7 @@ class Reaper:
         every live worker's heartbeat has renewed its leases."""
         if not self.restart_grace_s:
             return True
-        if time.monotonic() - self._outage_at < self.restart_grace_s:
+        if self.blackout.within(self.restart_grace_s):
             return False
         return float(self.redis.info("server").get("uptime_in_seconds", 0)) >= self.restart_grace_s
 
@@ -388,7 +495,7 @@ class Reaper:
         if orphans:
             self.redis.zrem(LEASES, *orphans)
 
-    def _restore(self, tag: str) -> bool:
+    def _restore(self, tag: str) -> bool | None:
         """kombu's own restore (kombu 5.7.0, kombu/transport/redis.py: `QoS.restore_by_tag` with
         `Channel._do_restore_message`), plus dropping the lease, in one transaction: out of the
         unacked set and index, marked redelivered, RPUSHed back onto its queue (next in line: the
@@ -399,14 +506,21 @@ class Reaper:
         the broker settings), and it runs its own MULTI, so the lease could not go in the same
         transaction. The message format is read and written by `common/kombu_wire.py`. Our
         exchanges route by routing key == queue name, so the routing key names the list, as
-        kombu's exchange lookup would."""
-        restored = False
+        kombu's exchange lookup would.
+
+        Returns None, restoring nothing, where the read under WATCH took so long (Redis unreachable
+        for a while) that a lapsed lease says nothing of its worker."""
+        restored: bool | None = False
+        asked = time.monotonic()
 
         def transaction(pipe: redis.client.Pipeline) -> None:
             nonlocal restored
             # Read again under WATCH: the lease may have been renewed since the pass read it (a
             # worker back from a Redis outage renews all its leases at once).
             expiry = pipe.zscore(LEASES, tag)
+            if time.monotonic() - asked > self.blocked_s:
+                restored = None
+                return
             if expiry is not None and expiry > self.clock.now():
                 return
             raw = pipe.hget(KOMBU_UNACKED, tag)
@@ -429,7 +543,7 @@ class Reaper:
             try:
                 self.reap_once()
             except redis.RedisError as error:
-                self._outage_at = time.monotonic()
+                self.blackout.mark()
                 log.warning("reaper pass failed: %s", error)
 
 

@@ -35,7 +35,7 @@ from celery.signals import (
 from genfleet.common.queues import QUEUES, SERIALIZATION, SHORT
 from genfleet.common.settings import Settings
 from genfleet.workers import tasks, telemetry
-from genfleet.workers.runtime import WorkerRuntime, running_delivery_tag
+from genfleet.workers.runtime import WorkerRuntime
 
 
 def create_app(settings: Settings) -> Celery:
@@ -117,19 +117,20 @@ def connect_signals(runtime: WorkerRuntime) -> None:
         # Leased on receipt, not on start: a retry held back for its countdown must not look abandoned.
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
         if tag:
-            runtime.leases.hold(str(tag))
+            runtime.leases.hold(str(tag), task_id=getattr(request, "id", None), request=request)
 
     def task_started(task: Any = None, args: Any = None, **_: Any) -> None:
         if key := telemetry.task_key(task, args):
             telemetry.IN_FLIGHT.change(key, +1)
 
-    def task_finished(task_id: str | None = None, task: Any = None, args: Any = None, state: str | None = None,
+    def task_finished(task: Any = None, args: Any = None, state: str | None = None,
                       **_: Any) -> None:
         if key := telemetry.task_key(task, args):
             telemetry.IN_FLIGHT.change(key, -1)
-        if task_id and (tag := running_delivery_tag(task_id)):
-            # Every state but REJECTED is acked (task_acks_late; genfleet's Reject always requeues).
-            runtime.leases.release(tag, acked=state in ACKED_STATES)
+        # The delivery this thread ran (`runtime.leased_request`), never "the running one of this task
+        # id": a retry, or a second delivery of the same message, shares the id. Every state but
+        # REJECTED is acked (task_acks_late; genfleet's Reject always requeues).
+        runtime.leases.release(runtime.leases.current(), acked=state in ACKED_STATES)
 
     def stop_streams_after_grace(**_: Any) -> None:
         grace = runtime.settings.shutdown_grace_s

@@ -12,13 +12,14 @@ from typing import Any
 
 import redis
 from celery.worker import state as celery_state
+from celery.worker.request import Request
 
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
 from genfleet.common.tokenizer import load_tokenizer
 from genfleet.workers.admission import AdmissionControl
-from genfleet.workers.delivery import LeaseKeeper, Reaper
+from genfleet.workers.delivery import Blackout, LeaseKeeper, Reaper
 from genfleet.workers.generation.client import SglangClient
 from genfleet.workers.generation.first_cap import FirstCaps
 from genfleet.workers.generation.split import CompletionSplitter
@@ -65,6 +66,7 @@ class WorkerRuntime:
         name = f"{settings.pool}-{socket.gethostname()}-{os.getpid()}"
         tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
         client_redis = connect(settings.redis_url)
+        blackout = Blackout()  # the heartbeat and the reaper of this process share what they saw of Redis
         return cls(
             settings=settings, name=name, client=client, upstreams=upstreams,
             shards=ShardSet(settings.output_dir, name, max_bytes=settings.shard_max_bytes,
@@ -74,10 +76,10 @@ class WorkerRuntime:
                                         skip_special_tokens=settings.skip_special_tokens),
             redis=client_redis,
             leases=LeaseKeeper(client_redis, ttl_s=settings.lease_ttl_s, heartbeat_s=settings.lease_heartbeat_s,
-                               in_hand=celery_delivery_tags),
+                               will_run=celery_will_run, blackout=blackout),
             reaper=Reaper(client_redis, ttl_s=settings.lease_ttl_s, interval_s=settings.reaper_interval_s,
                           restart_grace_s=settings.lease_ttl_s,
-                          unaccounted_interval_s=settings.unaccounted_check_interval_s),
+                          unaccounted_interval_s=settings.unaccounted_check_interval_s, blackout=blackout),
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
             first_caps=FirstCaps(client_redis, settings),
             admission=AdmissionControl(upstreams, ceiling=per_upstream_cap(settings),
@@ -101,6 +103,14 @@ class WorkerRuntime:
         self.upstreams.start_probes()
         if self.admission is not None:
             self.admission.start_thread()
+
+    def should_stop(self) -> bool:
+        """Whether the calling task thread's stream should stop: the worker is shutting down, or the
+        message it runs was delivered again (its lease lapsed while this process stood still)."""
+        if self.shutdown.is_set():
+            return True
+        delivery = self.leases.current()
+        return delivery is not None and delivery.superseded.is_set()
 
     def runs(self) -> list[str]:
         """The runs this worker has taken prompts of."""
@@ -128,35 +138,26 @@ def per_upstream_cap(settings: Settings) -> int:
     return max(-(-settings.in_flight() // hosts), 1)
 
 
-def celery_delivery_tags() -> set[str] | None:
-    """The delivery tags of the messages this process's Celery still means to run: scheduled (a
-    countdown retry waiting for its time), reserved or running (celery 5.7 `worker/state.py`:
-    `Consumer.on_close` empties the first two when the broker connection drops). A request held in
-    a rate-limit bucket is in none of them: no genfleet task has a `rate_limit`. None when the sets
-    could not be read (renew every tag held, as before this check; the next beat reads again)."""
-    requests = _celery_requests(celery_state.scheduled_requests, celery_state.reserved_requests,
-                                celery_state.active_requests)
-    return None if requests is None else {tag for request in requests if (tag := _delivery_tag(request))}
+def celery_will_run(request: Any) -> bool:
+    """Whether Celery will still run `request`: handed to the thread pool (`execute_using_pool` sets
+    `_apply_result`: celery 5.7.0 `worker/request.py`; the executor then runs it whatever
+    `Consumer.on_close` does to the request sets on a lost connection, `worker/consumer/consumer.py`),
+    or waiting in the timer for its countdown (`scheduled_requests`; `on_close` cancels those). A
+    request held in a rate-limit bucket is in neither: no genfleet task has a `rate_limit`."""
+    if request is None:
+        return True
+    return getattr(request, "_apply_result", None) is not None or request in celery_state.scheduled_requests
 
 
-def running_delivery_tag(task_id: str) -> str | None:
-    """The delivery tag of the running attempt of `task_id`, from `task_postrun`: its request is
-    still active then (`task_ready` follows), and a retry that shares the id is not active yet."""
-    running = _celery_requests(celery_state.active_requests) or []
-    return next((tag for request in running if request.id == task_id and (tag := _delivery_tag(request))), None)
+def leased_request(leases: LeaseKeeper) -> type[Request]:
+    """The generate task's Celery `Request` class (`Task.Request`, Celery's hook for a custom
+    request): it tells the lease keeper which delivery each pool thread runs, so that the task stops
+    a copy whose message was delivered again and the lease released at its end is its own."""
 
+    class LeasedRequest(Request):
+        def on_accepted(self, pid: int, time_accepted: float) -> None:
+            # In the pool thread, just before the task (celery 5.7.0 `concurrency/base.py` `apply_target`).
+            leases.bind(self)
+            super().on_accepted(pid, time_accepted)
 
-def _celery_requests(*request_sets: Any) -> list[Any] | None:
-    """Celery's request sets, read from another thread while the consumer changes them: a read
-    that keeps colliding with a change ("set changed size during iteration") gives None."""
-    for _ in range(5):
-        try:
-            return [request for requests in request_sets for request in requests]
-        except RuntimeError:
-            continue
-    return None
-
-
-def _delivery_tag(request: Any) -> str | None:
-    tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-    return None if tag is None else str(tag)
+    return LeasedRequest

@@ -28,7 +28,7 @@ from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import staged
 from genfleet.workers.generation.replies import BudgetSpent, Continuation, follow_up, generate_turns
 from genfleet.workers.output import DiskUnwritable, ShardWriteFailed
-from genfleet.workers.runtime import WorkerRuntime
+from genfleet.workers.runtime import WorkerRuntime, leased_request
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,13 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
     front = NextInLine(app, runtime.redis)
 
     # Attempts are counted in the payload (max_retries=None): failures.py decides when to stop.
-    @app.task(name=GENERATE_TASK, bind=True, max_retries=None)
+    @app.task(name=GENERATE_TASK, bind=True, max_retries=None, Request=leased_request(runtime.leases))
     def generate(self: Task, raw_payload: dict[str, Any]) -> dict[str, Any]:
+        delivery = runtime.leases.current()
+        # A message delivered to this worker again while an older copy of it still runs here (its
+        # lease lapsed in a pause) starts once that copy has stopped: never two streams of one prompt.
+        if delivery is not None and not runtime.leases.await_turn(delivery, runtime.settings.task_deadline_s):
+            raise Reject("an older copy of this message still runs in this worker", requeue=True)
         if unknown := TaskPayload.unknown_fields(raw_payload):
             # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
             # `staged_from`). Read without the field it could give another record (a staged part
@@ -73,6 +78,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
         try:
             return complete(payload, runtime, publish)
         except ShutdownRequested:
+            if delivery is not None and delivery.superseded.is_set():
+                # Its give-back touches nothing: the message is another delivery's now (broker.settle).
+                raise Reject("its message was delivered again: this copy stopped", requeue=True) from None
             raise Reject("worker shutting down", requeue=True) from None
         except (DiskUnwritable, SlotsBusy, redis.RedisError) as error:
             # A local fault (the disk, a Redis outage past the client's retries, this worker's own
@@ -82,6 +90,8 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
             log.warning("giving %s back to the queue: %s", payload.id, error)
             raise Reject(str(error), requeue=True) from None
         except GenerationError as error:
+            if delivery is not None and delivery.superseded.is_set():  # another delivery runs it now
+                raise Reject(f"its message was delivered again: {error}", requeue=True) from None
             handle_failure(self, payload, runtime, error)
         except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
             log.exception("unexpected error on %s", payload.id)

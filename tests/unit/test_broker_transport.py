@@ -19,7 +19,7 @@ from kombu.message import Message
 from genfleet.common.keys import KOMBU_UNACKED, LEASES, REAPER_LOCK, TRANSITS
 from genfleet.common.queues import QUEUES, SHORT
 from genfleet.workers import broker
-from genfleet.workers.delivery import LeaseKeeper, Reaper
+from genfleet.workers.delivery import Reaper
 
 GENFLEET = dict(transport="genfleet.workers.broker:Transport", transport_options={"priority_steps": [0]})
 STOCK = dict(transport_options={"priority_steps": [0]})  # kombu 5.7.0's own Redis transport
@@ -192,17 +192,3 @@ def test_the_reaper_judges_no_lease_within_a_lease_of_a_redis_restart(redis_clie
     monkeypatch.setattr(redis_client, "info", lambda *_a, **_k: {"uptime_in_seconds": 6})
     redis_client.delete(REAPER_LOCK)  # the next interval's pass
     assert reaper.reap_once() == ["t"]
-
-
-def test_a_message_celery_forgot_on_a_reconnect_is_left_to_lapse(redis_client):
-    """Celery drops the requests it had not started (a countdown retry) when its connection drops;
-    their messages stay unacked, and must reach the reaper instead of being renewed forever."""
-    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda: {"t-running"})
-    for tag in ("t-running", "t-forgotten"):
-        redis_client.hset(KOMBU_UNACKED, tag, "[]")
-    keeper.hold("t-running")
-    keeper.hold("t-forgotten")
-    redis_client.zadd(LEASES, {"t-running": time.time() + 1, "t-forgotten": time.time() + 1})
-    keeper.renew()
-    assert redis_client.zscore(LEASES, "t-running") > time.time() + 59
-    assert redis_client.zscore(LEASES, "t-forgotten") <= time.time() + 1

@@ -42,13 +42,13 @@ def fetched_long_ago(client, tag: str, seconds: float = 600) -> None:
 
 def test_a_held_lease_is_renewed_and_once_released_left_to_lapse_until_the_message_is_acked(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
-    keeper.hold(held)
+    delivery = keeper.hold(held)
     assert 59 < lease_left(redis_client, held) <= 60.01  # two readings of Redis's clock, each within half a round trip
     redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})  # a minute goes by
     keeper.renew()
     assert 59 < lease_left(redis_client, held) <= 60.01  # two readings of Redis's clock, each within half a round trip
 
-    keeper.release(held, acked=True)
+    keeper.release(delivery, acked=True)
     redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
     keeper.renew()
     # Not renewed, and not deleted either: until the ack the message must not look abandoned.
@@ -63,8 +63,8 @@ def test_an_ack_lost_with_the_broker_connection_is_finished_a_heartbeat_after_th
     lost and the message stays unacked. Left to the reaper it would run again beside its retry and
     write a second record (seen in `test_chaos_redis_restart`); the heartbeat finishes the ack."""
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
-    keeper.hold(held)
-    keeper.release(held, acked=True)
+    delivery = keeper.hold(held)
+    keeper.release(delivery, acked=True)
     keeper.renew()
     assert redis_client.hexists(KOMBU_UNACKED, held), "Celery's own ack gets a heartbeat first"
     time.sleep(0.06)
@@ -77,8 +77,8 @@ def test_an_ack_lost_with_the_broker_connection_is_finished_a_heartbeat_after_th
 
 def test_a_message_given_back_while_redis_was_down_is_left_to_the_reaper(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
-    keeper.hold(held)
-    keeper.release(held, acked=False)  # Reject(requeue=True) on a lost connection
+    delivery = keeper.hold(held)
+    keeper.release(delivery, acked=False)  # Reject(requeue=True) on a lost connection
     time.sleep(0.06)
     keeper.renew()
     assert redis_client.hexists(KOMBU_UNACKED, held) and lease_left(redis_client, held) > 0
@@ -86,8 +86,8 @@ def test_a_message_given_back_while_redis_was_down_is_left_to_the_reaper(redis_c
 
 def test_a_lost_ack_is_not_finished_for_a_message_redelivered_to_another_worker(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
-    keeper.hold(held)
-    keeper.release(held, acked=True)
+    delivery = keeper.hold(held)
+    keeper.release(delivery, acked=True)
     # The reaper restored it and another worker took it: a new delivery time, that worker's lease.
     redis_client.zadd(KOMBU_UNACKED_INDEX, {held: redis_now(redis_client) + 1})
     redis_client.zadd(LEASES, {held: redis_now(redis_client) + 600})
@@ -102,7 +102,8 @@ def test_a_lost_ack_is_not_finished_for_a_message_redelivered_to_another_worker(
 def test_a_lease_whose_message_kombu_no_longer_holds_is_not_renewed(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
     keeper.hold(held)
-    redis_client.hdel(KOMBU_UNACKED, held)  # restored elsewhere, or acked
+    redis_client.hdel(KOMBU_UNACKED, held)  # restored elsewhere, or acked: out of kombu's hash and index
+    redis_client.zrem(KOMBU_UNACKED_INDEX, held)
     redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
     keeper.renew()
     assert lease_left(redis_client, held) <= 1, "a renewed lease would shield the message from the reaper"
@@ -112,57 +113,110 @@ def test_a_retry_received_before_its_attempt_finished_keeps_its_lease(redis_clie
     """Celery's retry keeps the task id, so a worker may receive the retry (its own delivery tag)
     before the attempt's `task_postrun`: releasing the attempt must not drop the retry's lease, or
     the reaper re-queues the retry while Celery holds it for its countdown (generated twice). The
-    attempt's own tag is released, read from Celery's running request (`running_delivery_tag`)."""
-    from celery.worker import state
-
-    from genfleet.workers.runtime import running_delivery_tag
-
-    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, in_hand=lambda: {"t-attempt", "t-retry"})
+    release names the attempt's own delivery, never "the running one of this task id"."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
     for tag in ("t-attempt", "t-retry"):
         redis_client.hset(KOMBU_UNACKED, tag, "[]")
-    attempt, retry = CeleryRequest("t-attempt"), CeleryRequest("t-retry")
-    state.task_accepted(attempt)
-    keeper.hold("t-attempt")
-    state.task_scheduled(retry)
-    keeper.hold("t-retry")
-    try:
-        keeper.release(running_delivery_tag("task-1"), acked=True)  # the attempt's postrun
-    finally:
-        state.reset_state()
+        redis_client.zadd(KOMBU_UNACKED_INDEX, {tag: redis_now(redis_client)})
+    attempt = keeper.hold("t-attempt", task_id="task-1")
+    keeper.hold("t-retry", task_id="task-1")
+    keeper.release(attempt, acked=True)  # the attempt's postrun
     redis_client.zadd(LEASES, {"t-attempt": redis_now(redis_client) + 1, "t-retry": redis_now(redis_client) + 1})
     keeper.renew()
     assert lease_left(redis_client, "t-retry") > 59
     assert lease_left(redis_client, "t-attempt") <= 1  # left to lapse until its ack
-    keeper.release("t-retry", acked=True)  # the retry's postrun
-    redis_client.hdel(KOMBU_UNACKED, "t-attempt", "t-retry")
-    keeper.renew()
-    assert redis_client.zcard(LEASES) == 0
 
 
 class CeleryRequest:
-    """What genfleet reads of a celery `Request`: its task id, name and message's delivery tag."""
+    """What genfleet reads of a celery `Request`: its task id and its message's delivery tag; where
+    Celery handed it to the pool, `_apply_result` (celery 5.7.0 `worker/request.py`)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, *, in_pool: bool = False) -> None:
         self.id, self.name = "task-1", "genfleet.generate"
         self.message = type("Message", (), {"delivery_tag": tag})()
+        self._apply_result = (lambda: None) if in_pool else None
 
 
-def test_celery_still_holds_a_scheduled_retry_by_its_delivery_tag_not_its_task_id():
-    """`runtime.celery_delivery_tags` reads Celery's own request sets: an attempt that finished
-    (`task_ready` pops `requests[id]`, which the retry shares) must not hide its waiting retry."""
+def test_a_reconnect_keeps_the_leases_of_requests_queued_in_the_thread_pool_and_drops_a_countdowns(redis_client):
+    """On a lost broker connection Celery's own `Consumer.on_close` (run here on Celery's real request
+    sets) forgets the requests it reserved but had not started, and cancels its countdowns. With the
+    threads pool the reserved ones already wait in the executor and will run: their leases must be
+    renewed, or the reaper re-queues them and this worker runs them twice (the double run a Redis
+    restart under a busy long pool caused). The countdown will never run: its lease lapses."""
+    from types import SimpleNamespace
+
     from celery.worker import state
+    from celery.worker.consumer.consumer import Consumer
 
-    from genfleet.workers.runtime import celery_delivery_tags
+    from genfleet.workers.runtime import celery_will_run
 
-    attempt, retry = CeleryRequest("t-attempt"), CeleryRequest("t-retry")
-    state.task_accepted(attempt)
-    state.task_scheduled(retry)  # received while the attempt ran, waiting for its countdown
+    queued, running = CeleryRequest("t-queued", in_pool=True), CeleryRequest("t-running", in_pool=True)
+    countdown = CeleryRequest("t-countdown")
+    countdown._eta_timer_entry = None
+    for tag in ("t-queued", "t-running", "t-countdown"):
+        redis_client.hset(KOMBU_UNACKED, tag, '[{"properties": {}}, "short", "short"]')
+        redis_client.zadd(KOMBU_UNACKED_INDEX, {tag: redis_now(redis_client) - 600})
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1, will_run=celery_will_run)
     try:
-        state.task_ready(attempt)
-        assert celery_delivery_tags() == {"t-retry"} and "task-1" not in state.requests
+        state.task_reserved(queued)
+        state.task_reserved(running)
+        state.task_accepted(running)
+        state.task_scheduled(countdown)
+        for request in (queued, running, countdown):
+            keeper.hold(request.message.delivery_tag, task_id=request.id, request=request)
+        Consumer.on_close(SimpleNamespace(controller=None, task_buckets={}, timer=None, pool=None))
+        assert queued not in state.reserved_requests, "Celery forgot the queued request"
+        redis_client.zadd(LEASES, dict.fromkeys(("t-queued", "t-running", "t-countdown"), redis_now(redis_client) + 1))
+        keeper.renew()
     finally:
         state.reset_state()
-    assert celery_delivery_tags() == set()
+    assert lease_left(redis_client, "t-queued") > 59 and lease_left(redis_client, "t-running") > 59
+    assert lease_left(redis_client, "t-countdown") <= 1
+    redis_client.zadd(LEASES, {"t-countdown": redis_now(redis_client) - 1})
+    assert Reaper(redis_client, ttl_s=60, interval_s=1).reap_once() == ["t-countdown"]
+
+
+def test_a_message_delivered_again_to_the_same_worker_stops_the_older_copy_and_waits_for_it(redis_client, held):
+    """A worker paused past its lease finds its message re-queued and takes it back while the first
+    copy still streams: the first copy is told to stop, the second starts only once it has ended,
+    and neither the older copy's lease nor its end touches the new delivery."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
+    first = keeper.hold(held, task_id="task-1")
+    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: redis_now(redis_client) + 0.5})  # restored, delivered again
+    second = keeper.hold(held, task_id="task-1")
+    assert first.superseded.is_set() and not second.superseded.is_set()
+    assert not keeper.await_turn(second, timeout_s=0.05), "the older copy still runs"
+    keeper.release(first, acked=False)
+    assert keeper.await_turn(second, timeout_s=0.05)
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 1})
+    keeper.renew()
+    assert lease_left(redis_client, held) > 59, "the new delivery keeps its lease"
+
+
+def test_a_copy_whose_message_another_worker_took_is_stopped_by_the_heartbeat(redis_client, held):
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=1)
+    delivery = keeper.hold(held)
+    keeper.renew()
+    assert not delivery.superseded.is_set()
+    # The reaper re-queued it while this worker stood still, and another worker took it.
+    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: redis_now(redis_client) + 0.5})
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) + 5})
+    keeper.renew()
+    assert delivery.superseded.is_set()
+    assert lease_left(redis_client, held) <= 5, "the other worker's lease is not this keeper's to renew"
+
+
+def test_an_ack_or_give_back_settles_its_own_delivery_only(redis_client, held):
+    """kombu's ack removes the message whichever delivery holds it, and its restore re-queues it: a
+    stale copy's ack or give-back would drop or duplicate the message another worker runs."""
+    from genfleet.workers.broker import settle
+
+    mine = redis_client.zscore(KOMBU_UNACKED_INDEX, held)
+    redis_client.zadd(KOMBU_UNACKED_INDEX, {held: mine + 1})  # delivered again since
+    assert not settle(redis_client, held, mine) and not settle(redis_client, held, mine, requeue=True)
+    assert redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 0
+    assert settle(redis_client, held, mine + 1, requeue=True)
+    assert not redis_client.hexists(KOMBU_UNACKED, held) and redis_client.llen(SHORT) == 1
 
 
 def test_the_reaper_leaves_a_message_alone_while_its_lease_is_renewed_however_old_it_is(redis_client, held):

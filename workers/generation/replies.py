@@ -222,7 +222,7 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     prior = Continuation.of(payload)
     input_ids = None if settings.api == "chat" else prompt_with_prefix(prompt_ids(payload, runtime, prompt), prior)
     watch = loop_watch(payload, runtime, prior)
-    stop = runtime.shutdown.is_set
+    stop = runtime.should_stop  # the worker's shutdown, or this copy's message delivered again
     # Before any GPU time is spent: a record that cannot be written is work thrown away.
     runtime.disk.wait_writable(settings.disk_wait_s, stop)
     with pool.lease(avoid=payload.failed_upstream, wait_s=max(deadline - time.monotonic(), 1.0),
