@@ -44,10 +44,12 @@ list into `unacked` in the same MULTI that records it there (redis.py:476-491).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from queue import Empty
 from typing import Any
 
@@ -75,14 +77,43 @@ from genfleet.common.redis_clock import clock_for
 log = logging.getLogger(__name__)
 
 
+# The message whose ack or give-back the calling thread is sending (`Message.ack`, `Message.reject`):
+# kombu hands the QoS a delivery tag alone, which two deliveries of one message share.
+_settling = threading.local()
+
+
+class Message(virtual.Message):
+    """kombu's message, carrying when its delivery was recorded in `unacked` (`QoS.append`), so that
+    its ack or give-back settles that delivery only (`settle`). A message delivered twice to one
+    channel (its lease lapsed while this worker stood still) is two Messages of one tag."""
+
+    delivered_at: float | None = None
+
+    def ack(self, multiple: bool = False) -> None:
+        with _settling_message(self):
+            super().ack(multiple=multiple)
+
+    def reject(self, requeue: bool = False) -> None:
+        with _settling_message(self):
+            super().reject(requeue=requeue)
+
+
+@contextlib.contextmanager
+def _settling_message(message: Message) -> Iterator[None]:
+    _settling.message = message
+    try:
+        yield
+    finally:
+        _settling.message = None
+
+
+def _delivered_at(delivery_tag: str) -> float | None:
+    message = getattr(_settling, "message", None)
+    return message.delivered_at if message is not None and message.delivery_tag == delivery_tag else None
+
+
 class QoS(kombu_redis.QoS):
     restore_at_shutdown = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # When each message this channel delivered was recorded in `unacked` (its `unacked_index`
-        # score): an ack or give-back settles that delivery only (`settle`).
-        self._delivered_at: dict[str, float] = {}
 
     def append(self, message: Any, delivery_tag: str) -> None:
         raw = self.channel.take_in_transit()
@@ -97,11 +128,11 @@ class QoS(kombu_redis.QoS):
                 .hset(self.unacked_key, delivery_tag, record) \
                 .lrem(self.channel.transit_key, 1, raw) \
                 .execute()
-        self._delivered_at[delivery_tag] = delivered_at
+        message.delivered_at = delivered_at
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        delivered_at = self._delivered_at.pop(delivery_tag, None)
+        delivered_at = _delivered_at(delivery_tag)
         if delivered_at is None:  # delivered by kombu's own path (BRPOP): kombu's ack
             super().ack(delivery_tag)
             return
@@ -113,10 +144,9 @@ class QoS(kombu_redis.QoS):
         if requeue and self.channel.detached:
             log.warning("message %s stays unacknowledged: its broker connection was lost; the reaper re-queues "
                         "it once its lease lapses", delivery_tag)
-            self._delivered_at.pop(delivery_tag, None)
             virtual.QoS.ack(self, delivery_tag)  # this channel's own bookkeeping only
             return
-        delivered_at = self._delivered_at.pop(delivery_tag, None)
+        delivered_at = _delivered_at(delivery_tag)
         if delivered_at is None:
             super().reject(delivery_tag, requeue=requeue)
             return
@@ -154,6 +184,7 @@ def settle(client: redis.Redis, tag: str, delivered_at: float, *, requeue: bool 
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    Message = Message
     # The synchronous client's connection parameters, kept from while the channel was open.
     _open_connparams: dict | None = None
     transit_key: str | None = None

@@ -51,6 +51,22 @@ class WorkerProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def same_worker_overlaps(records: list[dict]) -> list[str]:
+    """The ids that one worker ran twice at the same time: two records of one id by one worker whose
+    start-to-end intervals overlap (a crash between write and ack leaves two records too, but one
+    after the other, and a killed worker comes back under another name)."""
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for record in records:
+        start = record["timing"]["started_at"]
+        spans.setdefault((record["id"], record["worker"]), []).append((start, start + record["timing"]["duration_s"]))
+    overlapping = []
+    for (prompt_id, _worker), intervals in spans.items():
+        intervals.sort()
+        if any(earlier[1] > later[0] for earlier, later in zip(intervals, intervals[1:], strict=False)):
+            overlapping.append(prompt_id)
+    return sorted(overlapping)
+
+
 def shard_records(output_dir: Path, run: str) -> list[dict]:
     """Every record line in the run's shards under `output_dir`, open and sealed, shard by shard."""
     return [record for shard in sorted((output_dir / run).glob("*/*.jsonl*")) for record in read_jsonl(shard)]
