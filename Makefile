@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-sglang sglang-venv lint bench install redis-server chromium prometheus tmux sample-data clean oracle
+.PHONY: demo test test-fast test-sglang sglang-venv lint bench soak soak-seeds install redis-server chromium prometheus tmux sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,16 @@ sglang-venv:
 
 test-sglang: install redis-server sglang-venv
 	GENFLEET_SGLANG_VENV="$$(tests/sglang_real/venv.sh)" $(PY) -m pytest tests/sglang_real
+
+# A seeded chaos soak of a whole fleet (tests/soak/soak.py), judged from the outside: records, export,
+# the simulators' own count of generations, `status`. Replay one with SOAK_ARGS="--seed 3 --minutes 8";
+# CI runs a 3-minute one; `make soak-seeds` runs seeds 1-5 for 8 minutes each (~50 minutes).
+SOAK_ARGS ?= --seed 1 --minutes 8
+soak: install redis-server
+	$(PY) tests/soak/soak.py $(SOAK_ARGS)
+
+soak-seeds: install redis-server
+	for seed in 1 2 3 4 5; do $(PY) tests/soak/soak.py --seed $$seed --minutes 8 || exit 1; done
 
 # A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.

@@ -30,11 +30,13 @@ heartbeat finishes the ack once Redis answers (`LeaseKeeper.release`): re-queued
 task published a retry or a follow-up would run twice and write its record twice. A requeue on a
 closed channel is left to the reaper, once its lease lapses: kombu's restore would look the queue up
 through the closed channel and, failing, drop the message (redis.py:1265-1284 swallows that error
-inside its transaction). Two more pieces make the restart free of duplicates: the reaper judges no
-lease within a lease of Redis coming back (none could be renewed while it was away:
-`Reaper._leases_trusted`), and a message whose request Celery forgot on the reconnect (a countdown
-retry waiting in the timer: consumer.py `on_close`) is no longer renewed (`LeaseKeeper.in_hand`), so
-it lapses to the reaper instead of staying held forever.
+inside its transaction). Three more pieces make the restart free of duplicates: the reaper judges no
+lease within a lease of Redis coming back, or of any of its calls hanging (none could be renewed
+meanwhile: `Reaper._leases_trusted`); a lease follows what will actually run, so a request Celery
+forgot on the reconnect but had already handed to its thread pool stays leased, while a countdown
+retry it cancelled lapses to the reaper (consumer.py `on_close`; `LeaseKeeper`); and an ack or
+give-back settles its own delivery only (`settle`: the message remembers its `unacked_index` score),
+never a later delivery of the same message to this worker or another.
 
 **A message taken off a queue is never only in a worker's memory** (the transit lists, below): where the
 channel consumes one queue at one priority (genfleet's case: one pool per worker, `priority_steps`
