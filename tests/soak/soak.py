@@ -232,8 +232,8 @@ class Soak:
         }
         kinds = Counter(fault.kind for fault in self.faults)
         print("faults: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())), flush=True)
-        print("bounds: " + ", ".join(f"{fault.kind}@{fault.at:g}s {fault.bound}" for fault in self.faults if fault.bound),
-              flush=True)
+        bounds = [f"{fault.kind}@{fault.at:g}s {fault.bound}" for fault in self.faults if fault.bound]
+        print("bounds: " + ", ".join(bounds), flush=True)
         for name, held in checks.items():
             print(f"  {'ok  ' if held else 'FAIL'} {name}", flush=True)
         if inexact:
