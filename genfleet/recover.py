@@ -24,7 +24,7 @@ def recover_command(
     from rich.console import Console
     from rich.table import Table
 
-    settings = Settings(**({"redis_url": redis_url} if redis_url else {}))
+    settings = Settings(redis_url=redis_url) if redis_url else Settings()
     for directory in from_dirs:
         if not directory.is_dir():
             raise typer.BadParameter(f"{directory} is not a directory", param_hint="--from")

@@ -65,7 +65,7 @@ def requeue(state: RunState, app: Celery, letters: Iterable[DeadLetter], *,
 
 def _settings(redis_url: str | None) -> Settings:
     """GENFLEET_* env vars, with the `--redis-url` flag on top."""
-    return Settings(**({"redis_url": redis_url} if redis_url else {}))
+    return Settings(redis_url=redis_url) if redis_url else Settings()
 
 
 def failures_command(

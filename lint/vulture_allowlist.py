@@ -19,6 +19,9 @@ _._verify_tls, _._split_upstreams
 # kombu 5.7.0 reads these on its QoS and Channel (workers/broker.py cites the lines).
 restore_at_shutdown, _._in_poll, _._brpop_sent_at
 
+# celery 5.7.0's `Consumer.on_close` reads a request's timer entry (tests/unit/test_leases.py).
+_._eta_timer_entry
+
 # The `tokenizers` library reads what sim/build_model.py assigns.
 _.pre_tokenizer
 

@@ -389,6 +389,7 @@ def tokenizer_check(path: Path | None, fmt: ReasoningFormat | None) -> tuple[Any
     for piece in dict.fromkeys(markers):
         ids = tokenizer.encode(piece, add_special_tokens=False)
         if len(ids) != 1:
+            assert fmt is not None  # the markers are its
             return None, fail("tokenizer", f"{path}: {piece!r}, a marker of parser {fmt.name}, is {len(ids)} tokens, "
                                            "not one: not this parser's model", MODEL_TOKENIZER_FIX + " or the right "
                                            "--reasoning-parser")

@@ -71,8 +71,9 @@ def run_checks(preflight: Preflight) -> list[Check]:
         for url in settings.upstreams:
             upstream, row = upstream_check(sglang, url, settings, preflight.context_length)
             checks.append(row)
-            for probe in probes if upstream is not None else ():
-                checks.append(generation_check(sglang, url, upstream.model, tokenizer, probe, settings, fmt))
+            if upstream is not None:
+                for probe in probes:
+                    checks.append(generation_check(sglang, url, upstream.model, tokenizer, probe, settings, fmt))
     finally:
         sglang.close()
     return checks

@@ -286,16 +286,20 @@ def size_category(lines: int) -> str:
 
 def card_configs(report: ExportReport) -> list[CardConfig]:
     """The default config first, then one per dataset, then the dead letters; only those with files."""
+    def dataset_of(file: WrittenFile) -> str | None:
+        assert file.series is not None  # only line outputs are in `data` and `errors`
+        return file.series.dataset
+
     data = [file for file in report.files if file.series is not None and not file.series.errors]
     errors = [file for file in report.files if file.series is not None and file.series.errors]
     configs = []
-    merged = [file for file in data if file.series.dataset is None] or data  # --no-merged: every dataset's
+    merged = [file for file in data if dataset_of(file) is None] or data  # --no-merged: every dataset's
     if merged:
         configs.append(CardConfig(MERGED_CONFIG, None, True, merged, report.features.every()))
-    for dataset in sorted({file.series.dataset for file in data if file.series.dataset is not None}):
-        files = [file for file in data if file.series.dataset == dataset]
+    for dataset in sorted({name for name in map(dataset_of, data) if name is not None}):
+        files = [file for file in data if dataset_of(file) == dataset]
         configs.append(CardConfig(config_name(dataset), dataset, False, files, report.features.of([dataset])))
-    merged_errors = [file for file in errors if file.series.dataset is None] or errors
+    merged_errors = [file for file in errors if dataset_of(file) is None] or errors
     if merged_errors:
         configs.append(CardConfig(ERRORS_CONFIG, None, False, merged_errors, report.error_features.every()))
     return configs

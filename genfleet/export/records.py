@@ -260,8 +260,8 @@ class SampleGroups:
             path.unlink()
             for _, handle in parts:
                 handle.close()
-            for part, _ in parts:
-                yield from self._drain_bucket(part, splits + 1)
+            for part_path, _ in parts:
+                yield from self._drain_bucket(part_path, splits + 1)
             return
         entries = []
         with open(path, "rb") as source:

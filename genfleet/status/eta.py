@@ -127,14 +127,14 @@ def estimate_etas(work: list[DatasetWork], pools: Mapping[str, PoolThroughput],
 
     out: dict[str, Eta | None] = {}
     for item in work:
-        estimate, times = tokens[item.name], finishes.get(item.name)
+        estimate, ends = tokens[item.name], finishes.get(item.name)
         if item.remaining <= 0:
             out[item.name] = Eta(0.0, 0.0, 0.0, OWN, item.lengths.samples)
-        elif estimate is None or times is None or None in times:
+        elif estimate is None or ends is None or None in ends:
             out[item.name] = None
         else:
             floor = tail_floor(item, estimate.lengths, pools, default_mix)
-            low, expected, high = (max(t, floor) for t in times if t is not None)
+            low, expected, high = (max(t, floor) for t in ends if t is not None)
             out[item.name] = Eta(low, expected, high, estimate.basis, estimate.samples)
     return out
 
@@ -176,9 +176,9 @@ def remaining_tokens(item: DatasetWork, fleet: LengthHistogram,
 
 def spread_between_datasets(work: list[DatasetWork]) -> float | None:
     """Relative standard deviation of the mean lengths of the datasets that have a few samples."""
-    means = [item.mean_tokens if item.mean_tokens is not None else item.lengths.mean()
-             for item in work if item.lengths.samples >= MIN_SPREAD_SAMPLES]
-    means = [m for m in means if m]
+    candidates = [item.mean_tokens if item.mean_tokens is not None else item.lengths.mean()
+                  for item in work if item.lengths.samples >= MIN_SPREAD_SAMPLES]
+    means = [m for m in candidates if m]
     if len(means) < 2:
         return None
     average = sum(means) / len(means)

@@ -307,7 +307,7 @@ def _dataset_rows(progress: RunProgress, window_counts: fleet_stats.Rates, histo
                                if partition_done.get((d.dataset, p))},
             # Beacons are up to a couple of seconds older than the counters: never more than pending.
             in_flight=min(sum(n for (dataset, _), n in in_flight.items() if dataset == d.dataset), d.pending),
-            rates=_window_sum(window_counts, lambda dataset, _p, name=d.dataset: dataset == name),
+            rates=_window_sum(window_counts, lambda dataset, _p: dataset == d.dataset),  # noqa: B023 - called at once
             lengths=LengthStats.of(histogram, d.completion_tokens / d.done if d.done else None),
             eta=None,
         ))
@@ -336,7 +336,7 @@ def _with_etas(rows: list[DatasetStatus], histograms: dict[str, LengthHistogram]
         fleet_mix[partition] += count
     work = []
     for row in rows:
-        served = {}
+        served: dict[str, float] = {}
         for partition in PARTITIONS:
             key = (row.name, partition)
             recent = window_counts.get(key, {})

@@ -27,8 +27,8 @@ from helpers.paths import REPO
 from genfleet.demo import BAD_LINES, DATASETS, good_rows
 
 VERSION = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
-# The source folders, and the one namespace they install as (pyproject.toml's package-dir).
-FOLDERS = ("genfleet", "common", "producer", "workers", "sim")
+# The one namespace, a folder of its own; and the packages a user imports from it.
+FOLDERS = ("genfleet",)
 PACKAGES = ("genfleet", "genfleet.common", "genfleet.producer", "genfleet.workers", "genfleet.sim")
 # Quick: 29 prompts, no Flower, a simulator that decodes 2,000 tokens/s per request.
 QUICK_DEMO = ("--scale", "0.02", "--no-flower", "--sim-rate", "2000")
@@ -131,11 +131,7 @@ def test_the_wheel_installs_one_top_level_package_and_nothing_of_the_old_names(i
 
 
 def test_the_wheel_holds_every_file_the_packages_read_at_run_time(installed: Installed) -> None:
-    def in_package(path: Path) -> str:
-        relative = path.relative_to(REPO).as_posix()
-        return relative if relative.startswith("genfleet/") else f"genfleet/{relative}"
-
-    data_files = {in_package(path) for folder in FOLDERS for path in (REPO / folder).rglob("*")
+    data_files = {path.relative_to(REPO).as_posix() for folder in FOLDERS for path in (REPO / folder).rglob("*")
                   if path.is_file() and path.suffix not in (".py", ".pyc") and not path.name.startswith(".")
                   and "__pycache__" not in path.parts}
     assert {"genfleet/common/publish.lua", "genfleet/sim/model/tokenizer.json"} <= data_files  # the walk finds them

@@ -52,7 +52,7 @@ OTHER_ENV = {
     "PYTHONDONTWRITEBYTECODE",   # image: no .pyc next to the installed package
     "PIP_DISABLE_PIP_VERSION_CHECK",
 }
-PYTHON_WHEEL_PACKAGES = ("genfleet", "common", "producer", "workers", "sim")
+PYTHON_WHEEL_PACKAGES = ("genfleet",)
 
 
 def test_every_deploy_file_parses():
@@ -234,9 +234,9 @@ def test_dockerfile_builds_the_package_as_a_non_root_genfleet_entrypoint():
               for source in arg.split()[:-1]}
     # The image copies exactly what the wheel is built from: pyproject's packages and its readme.
     assert copied == {"pyproject.toml", "README.md", *PYTHON_WHEEL_PACKAGES}
-    # ... each of them a folder pyproject.toml maps into the one `genfleet` namespace.
-    mapped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    assert set(mapped.values()) == set(PYTHON_WHEEL_PACKAGES)
+    # ... the one folder pyproject.toml finds every package in.
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert found["include"] == [f"{package}*" for package in PYTHON_WHEEL_PACKAGES]
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ignore[ignore.index("*") + 1:] and all(f"!{path}" in ignore for path in copied)
 

@@ -93,7 +93,8 @@ def test_two_hosts_rehearsal_where_a_third_host_added_mid_run_takes_work_at_once
             for worker in hosts.start_pair("gpu1", gpu1.url) + hosts.start_pair("gpu2", gpu2.url):
                 worker.wait_ready()
             fleet.enqueue("rehearsal", f"s={short_data}", f"l={long_data}:long")
-            time.sleep(4)  # mid-run: the backlog is still there
+            # Mid-run, with the backlog still there: the fleet has started, far from done.
+            wait_until(lambda: fleet.progress("rehearsal").totals().done >= 10, timeout=60)
             assert fleet.progress("rehearsal").totals().pending > 100
             joined_at = time.time()
             for worker in hosts.start_pair("gpu3", gpu3.url):

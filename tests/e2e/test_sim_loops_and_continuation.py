@@ -78,8 +78,9 @@ def test_a_client_that_leaves_keeps_its_slot_decoding_for_2_s_unless_aborted(pro
             wait_until(lambda: sim.stats()["requests_disconnected"] == 1, timeout=1, interval=0.01)
             if ended_by_abort:  # a client that gave up on a stream gives its slot back at once
                 abort(sim, "rTrue")
-                wait_until(lambda: sim.stats()["running"] == 0, timeout=0.2, interval=0.01)
-                assert time.monotonic() - left < 0.5
+                # At once, not after the 2 s a left client's slot decodes on (the other branch).
+                wait_until(lambda: sim.stats()["running"] == 0, timeout=1.5, interval=0.01)
+                assert time.monotonic() - left < 1.5
             else:
                 time.sleep(1.0)
                 held = sim.stats()

@@ -45,7 +45,7 @@ def test_a_repeated_prompt_is_served_from_the_cache_and_prefilled_once(cached_si
     assert warm["meta_info"]["cached_tokens_details"] == {"device": cached, "host": 0}
     assert warm["output_ids"] == cold["output_ids"]
     assert cold_s >= len(PROMPT) / PREFILL_RATE - 0.05
-    assert warm_s < 0.3  # 16 tokens to prefill: 0.03 s
+    assert warm_s < cold_s / 2  # 16 tokens to prefill (0.03 s) against 400 (0.8 s)
     stats = cached_sim.stats()
     assert (stats["prompt_tokens_total"], stats["cached_tokens_total"]) == (2 * len(PROMPT), cached)
     assert stats["prefill_tokens_computed"] == len(PROMPT) + (len(PROMPT) - cached)

@@ -44,10 +44,6 @@ class BlackholeProxy:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-    @property
-    def blackholed(self) -> bool:
-        return not self._flowing.is_set()
-
     def blackhole(self) -> None:
         self._flowing.clear()
 

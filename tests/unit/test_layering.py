@@ -9,10 +9,9 @@ import ast
 
 import pytest
 from helpers.paths import REPO
-from helpers.sources import Module, modules
+from helpers.sources import LAYERS, Module, folder, modules
 
-# Each folder at the repository's top installs as genfleet.<folder> (pyproject.toml's package-dir).
-SUBPACKAGES = ("common", "producer", "workers", "sim")
+SUBPACKAGES = LAYERS
 PRODUCT = (*SUBPACKAGES, "genfleet")
 FIRST_PARTY = (*PRODUCT, "bench", "oracle", "tests", "examples")
 ALLOWED = {
@@ -51,7 +50,9 @@ def package_of(name: str) -> str | None:
 
 
 def test_every_first_party_package_is_where_the_rule_expects_it():
-    assert all((REPO / package).is_dir() for package in FIRST_PARTY)
+    assert all(folder(package).is_dir() for package in FIRST_PARTY)
+    # The product card's names at the repository's top lead to the layers' folders.
+    assert all((REPO / layer).resolve() == folder(layer) for layer in LAYERS)
 
 
 @pytest.mark.parametrize("package", PRODUCT)
@@ -91,3 +92,11 @@ def test_no_cli_module_is_imported_by_a_module_that_is_not_one():
             wrong += [f"{module.path}:{line} imports {name}" for line, name in imported_modules(module)
                       if name.rsplit(".", 1)[-1] in CLI_NAMES]
     assert not wrong, "a command-line module serves as a library:\n" + "\n".join(wrong)
+
+
+def test_every_test_file_name_is_unique_across_the_tiers():
+    """A name says what it tests: one file per name, whichever tier (unit, e2e, sglang_real) it is in."""
+    names: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}

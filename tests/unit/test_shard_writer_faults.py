@@ -24,11 +24,13 @@ def test_a_full_disk_fails_the_write_and_the_writer_recovers_once_there_is_room(
 
 
 def test_a_shard_that_cannot_be_sealed_does_not_hang_the_next_write(tmp_path):
-    writer = ShardWriter(tmp_path, "w1", max_bytes=1 << 20, commit_interval_s=0.001, max_age_s=0.2,
+    # No seal until the shard is gone (a busy machine may take longer than a short age to get there).
+    writer = ShardWriter(tmp_path, "w1", max_bytes=1 << 20, commit_interval_s=0.001, max_age_s=3600,
                          write_timeout_s=10)
     writer.write(b"a\n")
     os.unlink(writer.open_path)  # the idle seal's rename will fail: FileNotFoundError
-    wait_until(lambda: writer.open_path.name.startswith("w1-00001"), timeout=5, interval=0.05,
+    writer.max_age_s = 0.2
+    wait_until(lambda: writer.open_path.name.startswith("w1-00001"), timeout=15, interval=0.05,
                message="the writer did not move past the shard it could not seal")
     writer.write(b"b\n")
     writer.close()

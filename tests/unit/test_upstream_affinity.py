@@ -75,9 +75,9 @@ def test_a_freed_slot_goes_first_to_a_waiting_request_that_prefers_its_host():
     # Both wait; the one preferring h1 is first in line, yet h0's freed slot goes to h0's fan.
     threads = [threading.Thread(target=wait_for, args=(name, keys[host])) for name, host in
                (("fan of h1", HOSTS[1]), ("fan of h0", HOSTS[0]))]
-    for thread in threads:
+    for count, thread in enumerate(threads, 1):
         thread.start()
-        time.sleep(0.05)
+        wait_until(lambda count=count: waiting(pool) == count, timeout=5)  # in line, in this order
     slots.give_back(0)
     wait_until(lambda: "fan of h0" in got, timeout=2)
     assert got["fan of h0"] == HOSTS[0] and "fan of h1" not in got
@@ -101,7 +101,7 @@ def test_a_freed_slot_nobody_prefers_is_taken_after_the_grace():
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.1)
+    wait_until(lambda: waiting(pool) == 1, timeout=5)
     released_at = time.monotonic()
     slots.give_back(0)  # h0 frees; the waiter prefers h1, which stays full
     thread.join(timeout=2)
@@ -154,7 +154,7 @@ def test_past_the_warm_waiters_allowed_a_warm_prompt_spills_after_the_short_grac
     slots.take(affinity=key, prompt=b"warm")  # h0 holds the prompt, and is full
     first_waits = threading.Thread(target=lambda: slots.take(affinity=key, prompt=b"warm"))
     first_waits.start()
-    time.sleep(0.2)
+    wait_until(lambda: waiting(pool) == 1, timeout=5)
     started = time.monotonic()
     assert slots.take(affinity=key, prompt=b"warm") == HOSTS[1]  # the second warm waiter: no long wait
     assert time.monotonic() - started < SPILL_GRACE_S + 0.2
@@ -171,3 +171,9 @@ def test_a_host_whose_circuit_opened_holds_no_warm_prompt():
     for _ in range(pool.failure_threshold):
         pool.report(home, ok=False)
     assert not any(url == home for url, _ in pool._recent)
+
+
+def waiting(pool: UpstreamPool) -> int:
+    """Threads waiting for a slot: the pool's condition's own list of waiters (CPython's
+    `threading.Condition._waiters`), so a test starts the next step once they wait, not after a sleep."""
+    return len(pool._cond._waiters)

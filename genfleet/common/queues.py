@@ -18,7 +18,7 @@ IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
 # stream takes minutes) while Redis holds a bounded amount: a queued message is ~1.4 KB plus ~14 bytes
 # per prompt token (docs/running.md), so ~0.2-0.4 GB short and ~0.3-1.2 GB long at typical lengths.
 QUEUE_DEPTH_HOSTS = 100
-DEFAULT_QUEUE_DEPTH = {pool: slots * QUEUE_DEPTH_HOSTS for pool, slots in IN_FLIGHT_PER_HOST.items()}
+DEFAULT_QUEUE_DEPTH: dict[str, int] = {pool: slots * QUEUE_DEPTH_HOSTS for pool, slots in IN_FLIGHT_PER_HOST.items()}
 
 GENERATE_TASK = "genfleet.generate"
 

@@ -195,6 +195,7 @@ def _prompt(body: dict[str, Any]) -> list[int] | str:
         if isinstance(text, list):
             raise InvalidRequest("the simulator does not serve batch requests (a list of texts)")
         _expect("a string", text)
+        assert isinstance(text, str)  # _expect raised otherwise
         return text
     _expect("sequence", input_ids)
     if not input_ids:

@@ -115,9 +115,9 @@ def _midpoint(index: int) -> float:
     return math.sqrt(low * high)
 
 
-# One write of a settled row besides its counters: (command, key, field, value); see
-# common/mark_done.lua for the commands it takes.
-KeyUpdate = tuple[str, str, str, int | float | str]
+# One write of a settled row besides its counters: (command, key, field, value), a length bucket's
+# field its index; see common/mark_done.lua for the commands it takes.
+KeyUpdate = tuple[str, str, str | int, int | float | str]
 
 # The windows `status` shows: last minute and last ten minutes.
 WINDOWS_S = (60, 600)

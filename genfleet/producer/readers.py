@@ -113,13 +113,13 @@ def _open(path: Path) -> BinaryIO:
         # read_across_frames: files written by pzstd or concatenated are several frames.
         raw = open(path, "rb")  # noqa: SIM115 - closed by the stream reader (closefd)
         stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-        return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(stream, buffer_size=1 << 20)
     return open(path, "rb", buffering=1 << 20)
 
 
 def _holds_json_array(handle: BinaryIO) -> bool:
     """A `.json` file may be JSON Lines or one array; peek without consuming (buffered streams)."""
-    head = handle.peek(64)[:64] if hasattr(handle, "peek") else b""  # type: ignore[attr-defined]
+    head = handle.peek(64)[:64] if hasattr(handle, "peek") else b""
     return head.lstrip()[:1] == b"["
 
 

@@ -50,6 +50,7 @@ class CompletionSplitter:
     def checked_text(self, generation: Generation) -> str:
         """The completion's text with special tokens kept, once the ids are shown to decode to the
         server's text; raises IntegrityError when they do not."""
+        assert self.tokenizer is not None  # called only with a tokenizer: by split, and by doctor with one
         ids, text = generation.output_ids or [], generation.text
         matched = generation.finish_reason.get("matched")
         surfaces = [ids[:-1], ids] if isinstance(matched, int) and not isinstance(matched, bool) else [ids]
@@ -67,6 +68,7 @@ class CompletionSplitter:
 
     def _kept(self, ids: list[int], matched: object) -> str:
         """The ids decoded with special tokens kept, cut where the server cut a matched stop string."""
+        assert self.tokenizer is not None  # called by checked_text only
         kept = self.tokenizer.decode(ids, skip_special_tokens=False)
         at = kept.find(matched) if isinstance(matched, str) and matched else -1
         return kept if at == -1 else kept[:at]

@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -243,6 +243,12 @@ def _resolve_paths(parsed: RunFile, base: Path) -> RunFile:
 
 T = TypeVar("T")
 
+# Vocabularies a flag's string is checked against, typed (`choices` gives plain strings): `in` one
+# narrows the string to the vocabulary's Literal.
+_REGENERATE: tuple[Regenerate, ...] = get_args(Regenerate)
+_LOOP_GUARDS: tuple[LoopGuard, ...] = get_args(LoopGuard)
+_ON_TRUNCATED: tuple[OnTruncated, ...] = get_args(OnTruncated)
+
 
 class ConfigError(ProducerError, ValueError):
     """The options contradict each other or lack something; the message says what to pass."""
@@ -311,9 +317,9 @@ class DatasetConfig:
     sampling: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
     # "abort" | "flag" | "off": what a degenerate repetition does (workers/generation/loop_guard.py).
-    loop_guard: str = "abort"
+    loop_guard: LoopGuard = "abort"
     # "keep" | "continue" | "regenerate": what a completion cut at max_new_tokens becomes.
-    on_truncated: str = "keep"
+    on_truncated: OnTruncated = "keep"
     # The most completion tokens over all parts of a continued (or regenerated) completion.
     max_new_tokens_total: int = 0
     # Completions per prompt; each its own task and row slot (`row * samples + k`).
@@ -354,7 +360,7 @@ class RunConfig:
     # "reserve": reject a prompt when prompt + max_new_tokens exceeds the context;
     # "clip": reject only a prompt that fills the context, and lower max_new_tokens to what is left.
     context_rule: str
-    regenerate: str
+    regenerate: Regenerate
     keep_token_ids: bool
     reasoning_parser: str
     max_queue_depth: dict[str, int]  # per queue; 0: unlimited
@@ -379,11 +385,11 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
         raise ConfigError(problem)
     if not tokenizer:
         raise ConfigError("no tokenizer: pass --tokenizer DIR (or `tokenizer = \"DIR\"` in the run file)")
-    context_rule = _first(cli.context_rule, top.context_rule, "reserve")
+    context_rule = _first(cli.context_rule, top.context_rule, default="reserve")
     if context_rule not in choices(ContextRule):
         raise ConfigError(f"--context-rule must be one of {', '.join(choices(ContextRule))}, not {context_rule!r}")
-    regenerate = _first(cli.regenerate, top.regenerate, "last")
-    if regenerate not in choices(Regenerate):
+    regenerate = _first(cli.regenerate, top.regenerate, default="last")
+    if regenerate not in _REGENERATE:
         raise ConfigError(f"--regenerate must be one of {', '.join(choices(Regenerate))}, not {regenerate!r}")
     for flag, value, allowed in (("--loop-guard", cli.loop_guard, choices(LoopGuard)),
                                  ("--on-truncated", cli.on_truncated, choices(OnTruncated))):
@@ -403,15 +409,15 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
                           f"dataset {staged[0]!r} has --regenerate all")
     return RunConfig(
         run=run, tokenizer=tokenizer,
-        redis_url=_first(cli.redis_url, top.redis_url, settings.redis_url),
+        redis_url=_first(cli.redis_url, top.redis_url, default=settings.redis_url),
         datasets=datasets,
-        long_threshold=_first(cli.long_threshold, top.long_threshold, settings.long_threshold_tokens),
+        long_threshold=_first(cli.long_threshold, top.long_threshold, default=settings.long_threshold_tokens),
         context_length=_first(cli.context_length, top.context_length),
         context_rule=context_rule, regenerate=regenerate,
-        keep_token_ids=_first(cli.keep_token_ids, top.keep_token_ids, False),
+        keep_token_ids=_first(cli.keep_token_ids, top.keep_token_ids, default=False),
         reasoning_parser=settings.reasoning_parser,
         max_queue_depth=dict(DEFAULT_QUEUE_DEPTH) if depth is None else {p: depth for p in PARTITIONS},
-        batch_rows=_first(cli.batch_size, top.batch_size, settings.enqueue_batch_rows),
+        batch_rows=_first(cli.batch_size, top.batch_size, default=settings.enqueue_batch_rows),
         output_dir=Path(settings.output_dir),
     )
 
@@ -426,7 +432,8 @@ def _datasets(cli: CliOptions, top: RunFile, settings: Settings) -> tuple[Datase
         if problem := dataset_name_problem(name):
             raise ConfigError(problem)
         spec, entry = on_command_line.get(name), top.datasets.get(name)
-        configs.append(_dataset(name, spec, entry or DatasetEntry(path=str(spec.path)), cli, top, settings))
+        configs.append(_dataset(name, spec, entry or DatasetEntry(path=str(on_command_line[name].path)), cli, top,
+                                settings))
         for key, value in configs[-1].sampling.items():
             if problem := sampling_problem(key, value):
                 raise ConfigError(f"dataset {name!r}, sampling (--sampling or the run file): {problem}")
@@ -451,21 +458,23 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
     defaults = {"short": settings.max_new_tokens_short, "long": settings.max_new_tokens_long}
     per_partition = {"short": (cli.max_new_tokens_short, top.max_new_tokens_short),
                      "long": (cli.max_new_tokens_long, top.max_new_tokens_long)}
-    max_new_tokens = {
+    max_new_tokens: dict[str, int] = {
         partition: _first(per_partition[partition][0], cli.max_new_tokens, entry.max_new_tokens,
-                          per_partition[partition][1], top.max_new_tokens, defaults[partition])
+                          per_partition[partition][1], top.max_new_tokens, default=defaults[partition])
         for partition in PARTITIONS
     }
-    loop_guard = _first(cli.loop_guard, entry.loop_guard, top.loop_guard, "abort")
-    on_truncated = _first(cli.on_truncated, entry.on_truncated, top.on_truncated, "keep")
+    loop_guard = _first(cli.loop_guard, entry.loop_guard, top.loop_guard, default="abort")
+    on_truncated = _first(cli.on_truncated, entry.on_truncated, top.on_truncated, default="keep")
+    # resolve refused any other flag value; the run file's are typed.
+    assert loop_guard in _LOOP_GUARDS and on_truncated in _ON_TRUNCATED
     total = _first(cli.max_new_tokens_total, entry.max_new_tokens_total, top.max_new_tokens_total,
-                   max(max_new_tokens.values()))
+                   default=max(max_new_tokens.values()))
     return DatasetConfig(
         name=name,
         source=str(spec.path) if spec is not None else entry.path,
         pinned=_first(spec.pinned if spec is not None else None, entry.partition),
-        row_format=_first(cli.row_format, entry.format, top.format, "auto"),
-        prompt_field=_first(cli.prompt_field, entry.prompt_field, top.prompt_field, "prompt"),
+        row_format=_first(cli.row_format, entry.format, top.format, default="auto"),
+        prompt_field=_first(cli.prompt_field, entry.prompt_field, top.prompt_field, default="prompt"),
         max_prompts=_first(cli.max_prompts, entry.max_prompts, top.max_prompts),
         max_new_tokens=max_new_tokens,
         max_tokens_per_dataset=_first(cli.max_tokens_per_dataset, entry.max_tokens_per_dataset,
@@ -475,7 +484,7 @@ def _dataset(name: str, spec: DatasetSpec | None, entry: DatasetEntry, cli: CliO
                               **entry.chat_template_kwargs, **_thinking(entry.thinking),
                               **cli.chat_template_kwargs, **_thinking(cli.thinking)},
         loop_guard=loop_guard, on_truncated=on_truncated, max_new_tokens_total=total,
-        samples=_first(cli.samples, entry.samples, top.samples, 1),
+        samples=_first(cli.samples, entry.samples, top.samples, default=1),
         first_max_new_tokens=_first(cli.first_max_new_tokens, entry.first_max_new_tokens, top.first_max_new_tokens),
     )
 
@@ -485,8 +494,12 @@ def _thinking(value: bool | None) -> dict[str, bool]:
     return {} if value is None else {"thinking": value, "enable_thinking": value}
 
 
-def _first(*values: T | None) -> T | None:
+@overload
+def _first(*values: T | None) -> T | None: ...
+@overload
+def _first(*values: T | None, default: T) -> T: ...
+def _first(*values: Any, default: Any = None) -> Any:
     for value in values:
         if value is not None:
             return value
-    return None
+    return default

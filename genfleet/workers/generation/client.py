@@ -637,7 +637,7 @@ class SglangClient:
         once when the stream's connection closes (`managers/tokenizer_manager.py` `generate_request`
         releases it on the cancelled generator, `_release_req_states_on_failure`; the 2 s
         `create_abort_task` of `entrypoints/http_server.py` is a fallback): measured on the real
-        server, its running count was 0 within 1 s (tests/sglang_real/test_loop_guard.py). The
+        server, its running count was 0 within 1 s (tests/sglang_real/test_loop_guard_on_sglang.py). The
         explicit abort still frees the slot where something between us and the scheduler (a router,
         a proxy) keeps its own connection open. `POST /abort_request {"rid": ...}` (0.5.23
         `http_server.py::abort_request`, `AbortReq`)

@@ -743,7 +743,7 @@ class SimServer:
             await self._routes(scope, receive, send)
 
 
-GRACEFUL_SHUTDOWN_S = 2.0  # stalled streams never end by themselves
+GRACEFUL_SHUTDOWN_S = 2  # stalled streams never end by themselves; uvicorn types it as whole seconds
 
 
 def serve(settings: SimSettings) -> None:

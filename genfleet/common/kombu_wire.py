@@ -152,7 +152,8 @@ class _Uuid4Pool:
     more per call than all the rest of a message's JSON."""
 
     def __init__(self, batch: int = 4096) -> None:
-        self._batch, self._ready = batch, iter(())
+        self._batch = batch
+        self._ready: Iterator[str] = iter(())
 
     def next(self) -> str:
         value = next(self._ready, None)

@@ -222,7 +222,7 @@ class StreamConnections:
             connection = _TLSConnection(origin.host, origin.port, timeout=self.connect_timeout_s, context=self._tls)
         else:
             connection = _Connection(origin.host, origin.port, timeout=self.connect_timeout_s)
-        connection.stall_timeout_s = self.stall_timeout_s  # type: ignore[attr-defined]
+        connection.stall_timeout_s = self.stall_timeout_s
         return connection
 
     def _request(self, upstream: str, origin: Origin, path: str, payload: bytes, headers: dict[str, str],

@@ -404,6 +404,7 @@ def plan_seeded(
     if loop is None:
         finish = _finish(ids, max_new_tokens, markers.stop_id)
     else:
+        assert loop_start is not None  # placed whenever there is a loop
         extend_with_loop(ids, loop.period_ids, max_new_tokens)
         finish = {"type": "length", "length": max_new_tokens}  # a loop never reaches its stop token
         if markers.thinking and len(markers.open_ids) <= loop_start <= layout.reasoning_end:

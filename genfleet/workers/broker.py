@@ -230,7 +230,7 @@ class Channel(kombu_redis.Channel):
         self._queue_cycle.consume(1)
         self._pending = "BLMOVE"
         self._in_poll = self.client.connection
-        self._brpop_sent_at = time.monotonic()
+        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]  # kombu types it by its None default
         wait = self.brpop_timeout if timeout is None else timeout
         self.client.connection.send_command("BLMOVE", source, self.transit_key, "RIGHT", "LEFT", wait or 0)
 
@@ -247,11 +247,12 @@ class Channel(kombu_redis.Channel):
                 raise Empty()
             return self._deliver_from_transit(item)
         finally:
-            self._in_poll = None
+            self._in_poll = None  # type: ignore[assignment]  # kombu types it by its False default, sets None too
             self._pending = None
             self._flush_brpop_reauth()
 
     def _deliver_from_transit(self, item: bytes) -> bool:
+        assert self.transit_key is not None  # set by _brpop_start before the BLMOVE that delivered `item`
         source = transit_queue(self.transit_key)
         self._queue_cycle.rotate(source)
         self._in_transit = item

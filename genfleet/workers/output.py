@@ -190,15 +190,16 @@ class ShardWriter:
             return error
 
     def _commit(self, batch: list[bytes]) -> None:
-        new_file = self._fd is None
-        if new_file:
-            self._fd = os.open(self.open_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self._fd
+        new_file = fd is None
+        if fd is None:
+            fd = self._fd = os.open(self.open_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._opened_at = time.monotonic()
-            self._size = os.fstat(self._fd).st_size
+            self._size = os.fstat(fd).st_size
         data = memoryview(b"".join(batch))
         while data:  # os.write may write part of it (a disk filling up) before it raises
-            data = data[os.write(self._fd, data):]
-        os.fsync(self._fd)
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
         if new_file:
             _fsync_dir(self.directory)  # the new file's name must survive a crash too
         self._size += sum(map(len, batch))

@@ -155,7 +155,7 @@ class CompletionFrames:
         start = self._shown if self._incremental else 0
         first = not self._started_streaming
         self._shown, self._started_streaming = shown, True
-        parts = [
+        parts: list[bytes | memoryview] = [
             head,
             self._text[self._text_ends[start] : self._text_ends[shown]],
             b'","output_ids":[',
@@ -346,8 +346,8 @@ class ChatFrames:
                 )
             )
             if self._options.include_usage:
-                usage = self._usage(generated, count_bias)
-                events.append(self._head + b"]," + b'"usage":' + dumps(usage) + b"}\n\n")
+                totals = self._usage(generated, count_bias)
+                events.append(self._head + b"]," + b'"usage":' + dumps(totals) + b"}\n\n")
         return b"".join(events)
 
     def streamed(self, generated: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ Why it cannot change a record: the follow-up of a cut at a staged cap is the exa
 (`replies.follow_up`): its input is the prompt's ids and every id generated so far, and it asks for
 the next stage of the real cap. A model conditioned on its own prefix goes on as if the cap had been
 larger from the start, so the record is the one a single request with the full cap gives, token for
-token (tests/sglang_real/test_first_cap.py, on SGLang's own server); only `continued` counts the
+token (tests/sglang_real/test_first_cap_on_sglang.py, on SGLang's own server); only `continued` counts the
 extra part. The follow-up stays in the prompt's own queue (a cut at the first cap says nothing about
 the prompt being long), and affinity routing sends it to the host whose radix cache holds its prefix
 (the same leading prompt tokens rank the same host first: workers/upstreams.py).

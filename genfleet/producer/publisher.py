@@ -44,7 +44,7 @@ class TaskPublisher:
         self.redis = client
         self.state = RunState(client, run)
         # Per queue (an int: the same for every queue); 0: no limit.
-        self.max_queue_depth = (dict(max_queue_depth) if isinstance(max_queue_depth, Mapping)
+        self.max_queue_depth: dict[str, int] = (dict(max_queue_depth) if isinstance(max_queue_depth, Mapping)
                                 else dict.fromkeys(PARTITIONS, max_queue_depth))
         self.on_wait = on_wait
         db = int(client.connection_pool.connection_kwargs.get("db", 0))

@@ -57,6 +57,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 # A block extended in one slice comparison when searching where a run begins: long enough that a
 # typical run takes a few comparisons, short enough that the final per-item walk is cheap.
@@ -73,6 +74,9 @@ _ID_BYTES = array("I").itemsize
 # The usual figure for English prose with large vocabularies (reasoning is mostly prose; code runs
 # nearer 3, where the character thresholds catch a loop later in tokens: the module docstring).
 _CHARS_PER_TOKEN = 4
+
+# The window searched: packed ids, or text as is (one detector holds one or the other).
+_Buf = TypeVar("_Buf", bytearray, str)
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,8 @@ class Loop:
 class LoopDetector:
     """Feed it a completion's ids (or text) as they stream; `extend` returns the first Loop found."""
 
-    __slots__ = ("_t", "_needle", "_horizon", "_buf", "_width", "_base", "_pending", "_size", "_next", "_text",
-                 "_found")
+    __slots__ = ("_t", "_needle", "_horizon", "_ids", "_chars", "_width", "_base", "_pending", "_size", "_next",
+                 "_text", "_found")
 
     def __init__(self, thresholds: LoopThresholds = DEFAULT, prefix: Sequence[int] | str = ()) -> None:
         self._t = thresholds
@@ -141,13 +145,14 @@ class LoopDetector:
         # furthest occurrence, plus how far a run found there can reach back (span + check_every).
         longest = max(thresholds.span(thresholds.max_period), self._needle + thresholds.max_period)
         self._horizon = longest + 2 * thresholds.check_every + 1
-        # Items [_base, _base + len(_buf) // _width), set up by the first items: ids 4 bytes each in
-        # a bytearray (appended in place); text as a str, 1 byte a character for ASCII: packed 4
-        # bytes a character, the zero bytes defeat rfind's skip filter (measured 1.3x the time).
-        self._buf: bytearray | str = ""
+        # Items [_base, _base + len(buf) // _width), in the buffer of the first items' kind: ids 4
+        # bytes each in _ids (appended in place); text in _chars, 1 byte a character for ASCII: packed
+        # 4 bytes a character, the zero bytes defeat rfind's skip filter (measured 1.3x the time).
+        self._ids = bytearray()
+        self._chars = ""
         self._width = 1
         self._base = 0
-        self._pending: list = []  # items after _buf, packed at the next check (ids, or str pieces)
+        self._pending: list = []  # items after the buffer, packed at the next check (ids, or str pieces)
         self._size = 0
         self._text: bool | None = None  # str input (characters) or ids
         self._found: Loop | None = None
@@ -189,13 +194,13 @@ class LoopDetector:
             raise TypeError("a LoopDetector takes either token ids or text, not both")
         self._text = text
         if not text:
-            self._buf, self._width = bytearray(), _ID_BYTES
+            self._width = _ID_BYTES
 
     def _pack(self) -> None:
         if self._text:
-            self._buf += "".join(self._pending)
+            self._chars += "".join(self._pending)
         else:
-            self._buf += array("I", self._pending)  # OverflowError for an id that is not one
+            self._ids += array("I", self._pending)  # OverflowError for an id that is not one
         self._pending = []
 
     def _trim(self) -> None:
@@ -203,7 +208,10 @@ class LoopDetector:
         so that the copy costs once per horizon, not once per check."""
         cut = self._next - self._horizon - self._base
         if cut >= self._horizon:
-            self._buf = self._buf[cut * self._width:]
+            if self._text:
+                self._chars = self._chars[cut:]
+            else:
+                self._ids = self._ids[cut * self._width:]
             self._base += cut
 
     def _check(self) -> Loop | None:
@@ -211,18 +219,19 @@ class LoopDetector:
         self._pack()
         every = self._t.check_every
         while self._next <= self._size:
-            found = self._check_at(self._next - self._base)
+            end = self._next - self._base
+            found = self._check_at(self._chars, end) if self._text else self._check_at(self._ids, end)
             if found is not None:
                 self._found = found
-                self._buf, self._pending = self._buf[:0], []  # nothing more is looked at
+                self._ids, self._chars, self._pending = bytearray(), "", []  # nothing more is looked at
                 return found
             self._next += every
         self._trim()
         return None
 
-    def _check_at(self, end: int) -> Loop | None:
-        """The smallest qualifying period of the items before `end` (relative to _buf), if any."""
-        buf, t, needle_len, w = self._buf, self._t, self._needle, self._width
+    def _check_at(self, buf: _Buf, end: int) -> Loop | None:
+        """The smallest qualifying period of the items before `end` (relative to buf), if any."""
+        t, needle_len, w = self._t, self._needle, self._width
         if end <= needle_len:
             return None
         needle = buf[(end - needle_len) * w:end * w]
@@ -235,13 +244,13 @@ class LoopDetector:
                 period = end - needle_len - at // w
                 span = t.span(period)
                 if span <= end and buf[(end - span + period) * w:end * w] == buf[(end - span) * w:(end - period) * w]:
-                    return self._loop(end, period, end - span)
+                    return self._loop(buf, end, period, end - span)
             at = buf.rfind(needle, low, at + len(needle) - 1)
         return None
 
-    def _loop(self, end: int, period: int, start: int) -> Loop:
+    def _loop(self, buf: _Buf, end: int, period: int, start: int) -> Loop:
         """The Loop of the run of `period` known to begin at or before `start`: where it begins."""
-        buf, w = self._buf, self._width
+        w = self._width
         shift, block, pos = period * w, _BLOCK * w, start * w  # in bytes (characters for text)
         # Whole blocks first (one C comparison each), then item by item inside the first that differs.
         while pos >= block and buf[pos - block:pos] == buf[pos - block + shift:pos + shift]:

@@ -12,7 +12,7 @@ import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -150,7 +150,10 @@ def token_range(value: str | None, flag: str, minimum: int = 1) -> tuple[int, in
     return bounds
 
 
-def _sglang_variable(name: str, default: int | float) -> int | float:
+Number = TypeVar("Number", int, float)
+
+
+def _sglang_variable(name: str, default: Number) -> Number:
     """One of SGLang's own environment variables (`environ.py`), as a number of `default`'s type."""
     value = os.environ.get(name)
     if value is None:
