@@ -350,7 +350,13 @@ class LeaseKeeper:
         for delivery, (finished_at, acked) in released.items():
             if delivery in done or not acked or finished_at > overdue:
                 continue
-            if self._finish_ack(delivery):
+            if _ack_landed(delivery):
+                # Redis took the ack, yet holds the message again: it lost that write (restarted from
+                # an AOF cut back by its last second, a failover), and the prompt's done mark with it.
+                # Left to the reaper: the message's lease lapses and the prompt runs again.
+                log.warning("message %s is held again after its ack landed (Redis lost its last writes): left "
+                            "to the reaper", delivery.tag)
+            elif self._finish_ack(delivery):
                 log.warning("acknowledged message %s: Celery's ack was lost with its broker connection", delivery.tag)
             # else redelivered since: its lease is that delivery's now
             done.add(delivery)
@@ -381,6 +387,14 @@ class LeaseKeeper:
                 self.blackout.mark()
                 log.warning("lease heartbeat failed: %s", error)
             last = time.monotonic()
+
+
+def _ack_landed(delivery: Delivery) -> bool:
+    """Whether Celery's ack of this delivery reached Redis: kombu marks a message acknowledged only
+    once its ack returned (kombu 5.7.0 `message.py` `Message.ack` sets `_state` after `basic_ack`;
+    an ack that failed on a lost connection leaves it unacknowledged)."""
+    message = getattr(delivery.request, "message", None)
+    return bool(message is not None and getattr(message, "acknowledged", False))
 
 
 def blocked_after(ttl_s: float) -> float:

@@ -75,6 +75,23 @@ def test_an_ack_lost_with_the_broker_connection_is_finished_a_heartbeat_after_th
     assert Reaper(redis_client, ttl_s=60, interval_s=1).reap_once() == [] and redis_client.llen(SHORT) == 0
 
 
+def test_an_ack_that_landed_and_was_lost_with_redis_last_second_is_left_to_the_reaper(redis_client, held):
+    """Redis restarted from an AOF cut back by its last second forgets the ack and the done mark
+    written in it: the message is held again, and must run again, not be acknowledged a second time
+    (which would leave the prompt neither done nor queued: found in `make soak`, seed 1)."""
+    keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
+    request = CeleryRequest(held, in_pool=True)
+    request.message.acknowledged = True  # Celery's ack returned
+    delivery = keeper.hold(held, request=request)
+    keeper.release(delivery, acked=True)
+    time.sleep(0.06)
+    keeper.renew()
+    assert redis_client.hexists(KOMBU_UNACKED, held), "acknowledged again: the prompt would never run again"
+    redis_client.zadd(LEASES, {held: redis_now(redis_client) - 1})
+    fetched_long_ago(redis_client, held)
+    assert Reaper(redis_client, ttl_s=60, interval_s=1).reap_once() == [held]
+
+
 def test_a_message_given_back_while_redis_was_down_is_left_to_the_reaper(redis_client, held):
     keeper = LeaseKeeper(redis_client, ttl_s=60, heartbeat_s=0.05)
     delivery = keeper.hold(held)
