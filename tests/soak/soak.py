@@ -408,6 +408,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where the soak's files go (default: a new temp dir)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"genfleet-soak-{args.seed}-"))
+    if workdir.exists() and any(workdir.iterdir()):
+        parser.error(f"--workdir {workdir} is not empty: a soak starts from nothing (its Redis, logs, shards)")
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"soak files in {workdir}", flush=True)
     return Soak(args.seed, args.minutes, workdir).run()
