@@ -147,11 +147,6 @@ def rows_at(rows: int, scale: float) -> int:
     return max(1, int(rows * scale))
 
 
-def good_rows(scale: float) -> int:
-    """How many prompts the datasets written at `scale` hold (the rejected rows not counted)."""
-    return sum(rows_at(rows, scale) for _, _, rows, _ in DATASETS)
-
-
 def write_datasets(out: Path, *, scale: float = 1.0, seed: int = SEED) -> list[tuple[str, Path, str | None]]:
     """Writes one `{name}.jsonl` per dataset into `out`; returns (name, path, pinned partition)."""
     words = load_words()

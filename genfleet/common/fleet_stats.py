@@ -148,19 +148,6 @@ def completion_updates(run: str, dataset: str, partition: str, completion_tokens
     ]
 
 
-def record_completion(client: redis.Redis, run: str, dataset: str, partition: str, completion_tokens: int,
-                      seconds: float = 0.0, now: float | None = None) -> None:
-    """`completion_updates` on their own, in one pipelined round trip (tools and tests that fill a
-    run's statistics without settling rows)."""
-    pipe = client.pipeline(transaction=False)
-    for command, key, hash_field, value in completion_updates(run, dataset, partition, completion_tokens, seconds, now):
-        if command == "EXPIRE":
-            pipe.expire(key, int(value))
-        else:
-            pipe.execute_command(command, key, hash_field, value)
-    pipe.execute()
-
-
 def record_failure(client: redis.Redis, run: str, dataset: str, partition: str, now: float | None = None) -> None:
     """A failed attempt, retried or not: feeds the error-rate alarm."""
     now = time.time() if now is None else now

@@ -336,24 +336,11 @@ class RunState:
                 enqueued.add(row)
         return enqueued, done
 
-    def unclaimed_rows(self, dataset: str, rows: list[int]) -> list[int]:
-        """Rows neither enqueued nor done yet: the ones a (re-)run of the producer must publish."""
-        enqueued, done = self.row_claims(dataset, rows)
-        return [row for row in rows if row not in enqueued and row not in done]
-
     def enqueued_row_set(self, dataset: str) -> set[int]:
         return set(set_rows(self.redis.get(self.keys.enqueued(dataset)) or b""))
 
     def done_row_set(self, dataset: str) -> set[int]:
         return set(set_rows(self.redis.get(self.keys.done(dataset)) or b""))
-
-    def record_rejection(self, dataset: str, row: int, file: str, line: int, reason: str) -> bool:
-        """Returns True the first time this row is rejected (re-runs do not count it again)."""
-        entry = json.dumps({"file": file, "line": line, "reason": reason})
-        if self.redis.hset(self.keys.rejected(dataset), str(row), entry):
-            self.redis.hincrby(self.keys.counters(dataset), "rejected", 1)
-            return True
-        return False
 
     def rejections(self, dataset: str) -> dict[int, dict]:
         raw = self.redis.hgetall(self.keys.rejected(dataset))
@@ -461,10 +448,6 @@ class RunState:
     def manifest(self) -> dict[str, str]:
         return self.run_manifest.fields()
 
-    def dataset_budget(self, dataset: str) -> int | None:
-        """The dataset's completion-token budget as the producer recorded it (None: no budget)."""
-        return self.run_manifest.budget(dataset)
-
     def datasets(self) -> list[str]:
         return self.run_manifest.datasets()
 
@@ -472,9 +455,6 @@ class RunState:
         raw = self.redis.hgetall(self.keys.counters(dataset))
         values = {_text(k): int(v) for k, v in raw.items()}
         return {name: values.get(name, 0) for name in COUNTER_FIELDS}
-
-    def done_rows(self, dataset: str) -> int:
-        return self.redis.bitcount(self.keys.done(dataset))
 
     def _publish_script(self) -> Script:
         if self._publish is None:

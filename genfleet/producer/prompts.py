@@ -61,11 +61,6 @@ class RowPrompt(NamedTuple):
     max_tokens: int | None = None
 
 
-def to_messages(data: dict[str, Any]) -> list[Message]:
-    """The row's conversation, whatever its (auto-detected) format."""
-    return read_row(data).messages
-
-
 def read_row(data: dict[str, Any], row_format: str = "auto", prompt_field: str = "prompt") -> RowPrompt:
     if row_format == "auto":
         row_format = _detect(data, prompt_field)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
 
@@ -451,15 +450,3 @@ def sim_command(*args: object, **kwargs: object) -> None:
     from genfleet.sim.server import serve  # uvicorn and starlette load only when serving
 
     serve(sim_settings(*args, **kwargs))  # type: ignore[arg-type]
-
-
-def parse_sim_args(args: Sequence[str]) -> SimSettings:
-    """The settings `genfleet sim ARGS` would serve with, without serving: a test gives the same
-    flags it starts a server with and predicts its completions (`SimSettings.plan`) and chunks
-    (`SimSettings.stream_counts`). `--port` may be left out."""
-    args = list(args)
-    if "--port" not in args and not any(arg.startswith("--port=") for arg in args):
-        args += ["--port", "0"]
-    app = typer.Typer(add_completion=False)
-    app.command()(sim_settings)
-    return typer.main.get_command(app).main(args=args, standalone_mode=False)

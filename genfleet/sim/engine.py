@@ -147,11 +147,6 @@ def _chunk_counts(boundaries: Iterable[int], limit: int, interval: int) -> Itera
             sent = count
 
 
-def chunk_sizes(counts: list[int]) -> list[int]:
-    """The tokens each chunk carries, from the counts the chunks report."""
-    return [b - a for a, b in zip([0, *counts[:-1]], counts, strict=True)]
-
-
 ABORTED: dict[str, Any] = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORTED_WHILE_WAITING: dict[str, Any] = {"type": "abort", "message": "Abort in waiting queue"}
 FORCE_STREAM_INTERVAL = 50  # tokens between a non-streaming request's outputs

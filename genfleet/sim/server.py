@@ -145,12 +145,6 @@ def served_record(
     }
 
 
-def read_completion_log(path: Path | str) -> list[dict[str, Any]]:
-    """Every line of a completion log, in the order the responses finished."""
-    with open(path, encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
-
-
 JSON_CONTENT_TYPE = b"application/json"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"  # what Starlette sends for SGLang's streams
 

@@ -1,6 +1,6 @@
 """Everything a simulated server is configured with, as one typed object, and the pure functions
-that predict what it serves: `plan` (a prompt's completion), `plan_continuation` (what a request
-continuing a cut completion gets) and `stream_counts` (its chunks)."""
+that predict what it serves: `plan` (a prompt's completion), `plan_cut_continuation` (what a request
+continuing a cut completion gets: the continuation of `plan`) and `stream_counts` (its chunks)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -80,24 +80,9 @@ class SimSettings:
             loops=self.loops,
         )
 
-    def plan_continuation(
-        self,
-        prompt: Sequence[int] | str,
-        *,
-        vocab: SimVocab,
-        generated: int,
-        seed: int | None = None,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    ) -> CompletionPlan:
-        """What a request continuing `prompt`'s completion after its first `generated` output ids
-        gets (sim.completion): `prompt` and `seed` are the ORIGINAL request's, `max_new_tokens`
-        the continuation's. `plan(prompt, max_new_tokens=generated)` and this, joined, are
-        `plan(prompt, max_new_tokens=generated + max_new_tokens)`."""
-        whole = self.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated + max_new_tokens)
-        return continuation_tail(whole, generated, max_new_tokens)
-
     def plan_cut_continuation(self, cut: Cut, *, vocab: SimVocab, max_new_tokens: int) -> CompletionPlan:
-        """`plan_continuation` for a cut the server remembers (by seed, not by prompt)."""
+        """The continuation of `plan` for a cut the server remembers (by seed, not by prompt): what
+        follows the cut's first `cut.generated` output ids, `max_new_tokens` the continuation's."""
         whole = plan_seeded(
             cut.rng_seed, cut.opening, max_new_tokens=cut.generated + max_new_tokens, lengths=self.lengths,
             vocab=vocab, reasoning_format=self.reasoning_format, loops=self.loops,

@@ -238,12 +238,6 @@ def tail_floor(item: DatasetWork, lengths: LengthHistogram, pools: Mapping[str, 
     return floor
 
 
-def uniform_rate_eta(remaining: int, fleet_req_per_s: float) -> float | None:
-    """The estimate genfleet replaces: remaining prompts over the fleet's prompt rate, as if every
-    prompt cost the same. Kept for comparison in tests and docs."""
-    return remaining / fleet_req_per_s if fleet_req_per_s > 0 else None
-
-
 def _lognormal_factor(relative_sd: float) -> float:
     sigma = math.sqrt(math.log1p(relative_sd ** 2))
     return math.exp(Z * sigma)

@@ -56,6 +56,8 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
         # lease lapsed in a pause) starts once that copy has stopped: never two streams of one prompt.
         if delivery is not None and not runtime.leases.await_turn(delivery, runtime.settings.task_deadline_s):
             raise Reject("an older copy of this message still runs in this worker", requeue=True)
+        if delivery is not None and delivery.superseded.is_set():  # delivered again while it waited here
+            raise Reject("its message was delivered again before this copy started", requeue=True)
         if unknown := TaskPayload.unknown_fields(raw_payload):
             # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
             # `staged_from`). Read without the field it could give another record (a staged part

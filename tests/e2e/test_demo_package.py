@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import REPO
 
-from genfleet.demo import BAD_LINES, DATASETS, good_rows
+from genfleet.demo import BAD_LINES, DATASETS, rows_at
 
 VERSION = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
 # The one namespace, a folder of its own; and the packages a user imports from it.
@@ -32,6 +32,11 @@ FOLDERS = ("genfleet",)
 PACKAGES = ("genfleet", "genfleet.common", "genfleet.producer", "genfleet.workers", "genfleet.sim")
 # Quick: 29 prompts, no Flower, a simulator that decodes 2,000 tokens/s per request.
 QUICK_DEMO = ("--scale", "0.02", "--no-flower", "--sim-rate", "2000")
+
+
+def good_rows(scale: float) -> int:
+    """How many prompts the demo's datasets written at `scale` hold (the rejected rows not counted)."""
+    return sum(rows_at(rows, scale) for _, _, rows, _ in DATASETS)
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ chat_template_kwargs = {{ thinking = true, enable_thinking = true }}
     assert b["partition"] == "long" and b["max_new_tokens"] == 64
     assert b["messages"] == [{"role": "user", "content": "b 0"}]
     assert b["chat_template_kwargs"] == {"thinking": True, "enable_thinking": True}
-    assert RunState(redis_client, "from-file").dataset_budget("a") == 1000
+    assert RunState(redis_client, "from-file").run_manifest.budget("a") == 1000
     # Raising max_prompts on a re-run enqueues exactly the next ones.
     enqueue(redis_url, "--run-file", str(run_file), "--temperature", "0.2", "--max-prompts", "4", run="")
     assert set(all_payloads(redis_client)) == {"a/0", "a/1", "a/2", "a/3", "b/0", "b/1", "b/2"}
@@ -204,7 +204,7 @@ def test_token_budget_travels_with_every_task_and_in_the_manifest_and_cannot_cha
     assert {p["max_tokens_per_dataset"] for k, p in payloads.items() if k.startswith("d/")} == {5000}
     assert payloads["e/0"]["max_tokens_per_dataset"] is None
     state = RunState(redis_client, "budget")
-    assert state.dataset_budget("d") == 5000 and state.dataset_budget("e") is None
+    assert state.run_manifest.budget("d") == 5000 and state.run_manifest.budget("e") is None
     refused = enqueue(redis_url, f"d={data}", "--max-tokens-per-dataset", "9000", run="budget", expect_exit=2)
     assert "d.max_tokens_per_dataset: was 5000, now 9000" in refused.stderr
 

@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from helpers.sim_process import SimProcess
+from helpers.sim_in_process import parse_sim_args
+from helpers.sim_plans import plan_continuation
+from helpers.sim_process import SimProcess, read_completion_log
 from helpers.waits import wait_until
-
-from genfleet.sim.command import parse_sim_args
-from genfleet.sim.server import read_completion_log
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 # 50 tok/s, 2,000-token completions: a request runs for 40 s unless something ends it.
@@ -63,7 +62,7 @@ def test_abort_request_frees_the_slot_at_once_and_ends_the_stream_with_what_was_
     assert stats["tokens_generated"] == last["completion_tokens"]
     assert (stats["aborted_requests"], stats["requests_finished"], stats["requests_disconnected"]) == (1, 0, 0)
     # The aborted stream continues where it was cut.
-    expected = parse_sim_args(SLOW).plan_continuation(prompt, vocab=vocab, generated=len(got), max_new_tokens=20)
+    expected = plan_continuation(parse_sim_args(SLOW), prompt, vocab=vocab, generated=len(got), max_new_tokens=20)
     assert continued["output_ids"] == expected.output_ids == planned.output_ids[len(got):len(got) + 20]
 
 
@@ -159,7 +158,7 @@ def test_a_cut_completion_continues_where_it_was_cut_and_the_log_says_which(prom
         third = ask(prompt + first["output_ids"] + second["output_ids"], 1000, rid="three")
         fresh = ask(prompt + first["output_ids"][:-1], 10, rid="four")  # not a cut: a new prompt
     assert first["meta_info"]["finish_reason"] == {"type": "length", "length": 50}
-    expected = settings.plan_continuation(prompt, vocab=vocab, generated=50, max_new_tokens=60)
+    expected = plan_continuation(settings, prompt, vocab=vocab, generated=50, max_new_tokens=60)
     assert second["output_ids"] == expected.output_ids and second["meta_info"]["prompt_tokens"] == len(prompt) + 50
     assert second["meta_info"]["finish_reason"] == {"type": "length", "length": 60}
     assert third["meta_info"]["finish_reason"]["type"] == "stop"

@@ -9,12 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers.sim_http import counts_of, stream_events
-from helpers.sim_plans import QUESTION, prompts, template_ids
-from helpers.sim_process import SimProcess
-
-from genfleet.sim.command import parse_sim_args
-from genfleet.sim.engine import chunk_sizes
-from genfleet.sim.server import read_completion_log
+from helpers.sim_in_process import parse_sim_args
+from helpers.sim_plans import QUESTION, chunk_sizes, prompts, template_ids
+from helpers.sim_process import SimProcess, read_completion_log
 
 RATE = ("--rate", "4000")
 

@@ -4,8 +4,9 @@ too short for it), shows new numbers as they land, keeps its place when keys are
 cleanly on Ctrl-C. Into a pipe: 120 columns, or every column with `--wide`.
 
 The run's Redis state is written through the code paths the producer and the workers use
-(`RunState`, `fleet_stats.record_completion`, `fleet_stats.publish`): four datasets (one of a million
-prompts, one with a long name), dead letters, rates over the last minutes, two live workers.
+(`RunState`, `fleet_stats.completion_updates` via `helpers.run_stats.record_completion`,
+`fleet_stats.publish`): four datasets (one of a million prompts, one with a long name), dead
+letters, rates over the last minutes, two live workers.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers.run_stats import record_completion
 from helpers.waits import wait_until
 
 from genfleet.common import fleet_stats
@@ -60,8 +62,8 @@ def fill_run(client: redis.Redis, run: str) -> None:
                                                   truncated=row % (6 if dataset == LONG_NAME else 40) == 0,
                                                   empty_reasoning=row % 30 == 0, empty_content=False,
                                                   looped=row % 80 == 0))
-            fleet_stats.record_completion(client, run, dataset, partition, tokens, tokens / 40,
-                                    now=now - 540 + 540 * row / done)
+            record_completion(client, run, dataset, partition, tokens, tokens / 40,
+                              now=now - 540 + 540 * row / done)
         for row in range(done, done + dead):
             payload = TaskPayload(run=run, id=f"{dataset}/{row}", dataset=dataset, row=row, partition=partition,
                                   prompt_tokens=60, max_new_tokens=4096, messages=[{"role": "user", "content": "q"}])

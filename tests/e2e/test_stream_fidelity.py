@@ -8,11 +8,11 @@ import json
 import pytest
 from helpers.data import read_jsonl, write_jsonl
 from helpers.paths import TOKENIZER
+from helpers.sim_in_process import parse_sim_args
 from helpers.sim_process import SimProcess
 
 from genfleet.common.reasoning import split_reasoning
 from genfleet.producer.prompts import PromptTemplater
-from genfleet.sim.command import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 
 MAX_LENGTH = 200

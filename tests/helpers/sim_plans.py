@@ -1,10 +1,14 @@
 """What the simulator will generate, computed without a server: its planner with the tests'
-defaults, the chat prompt the tests ask with, and prompts of every opening."""
+defaults, what a request continuing a cut completion gets, the tokens each chunk of a stream
+carries, the chat prompt the tests ask with, and prompts of every opening."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from genfleet.sim.completion import CompletionPlan, LengthModel, plan_completion
+from genfleet.sim.completion import CompletionPlan, LengthModel, continuation_tail, plan_completion
+from genfleet.sim.requests import DEFAULT_MAX_NEW_TOKENS
+from genfleet.sim.settings import SimSettings
 from genfleet.sim.vocab import SimVocab
 
 LENGTHS = LengthModel(scale=0.05)
@@ -32,6 +36,29 @@ def plan(
         prompt, seed=seed, max_new_tokens=max_new_tokens, lengths=lengths, vocab=vocab,
         reasoning_format=reasoning_format,
     )
+
+
+def plan_continuation(
+    settings: SimSettings,
+    prompt: Sequence[int] | str,
+    *,
+    vocab: SimVocab,
+    generated: int,
+    seed: int | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+) -> CompletionPlan:
+    """What a server with `settings` gives a request continuing `prompt`'s completion after its first
+    `generated` output ids (sim.completion): `prompt` and `seed` are the ORIGINAL request's,
+    `max_new_tokens` the continuation's. `settings.plan(prompt, max_new_tokens=generated)` and this,
+    joined, are `settings.plan(prompt, max_new_tokens=generated + max_new_tokens)`. The server plans
+    the same tail from the cut it remembers (`SimSettings.plan_cut_continuation`)."""
+    whole = settings.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated + max_new_tokens)
+    return continuation_tail(whole, generated, max_new_tokens)
+
+
+def chunk_sizes(counts: list[int]) -> list[int]:
+    """The tokens each chunk carries, from the counts the chunks report."""
+    return [b - a for a, b in zip([0, *counts[:-1]], counts, strict=True)]
 
 
 def template_ids(tokenizer: Any, messages: list[dict[str, Any]], **chat_template_kwargs: Any) -> list[int]:

@@ -1,7 +1,8 @@
-"""A simulated SGLang server in a subprocess, for tests that talk to it over real HTTP, and the
-simulator settings several test files run it with."""
+"""A simulated SGLang server in a subprocess, for tests that talk to it over real HTTP, the
+simulator settings several test files run it with, and the completion log it writes."""
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -24,6 +25,13 @@ FAST_SIM = ("--length-scale", "0.05", "--rate", "400")
 # Near-constant completions of ~1 s (40 tok/s) and ~2 s (20 tok/s): long enough to be caught mid-flight.
 ONE_SECOND = ("--rate", "40", "--knee", "100000", "--length-median", "40", "--length-mean", "41")
 TWO_SECONDS = ("--rate", "20", "--knee", "100000", "--length-median", "40", "--length-mean", "41")
+
+
+def read_completion_log(path: Path | str) -> list[dict[str, Any]]:
+    """Every line of a completion log (`--log-completions`), in the order the responses finished.
+    Its format is documented in genfleet/sim/server.py's module docstring."""
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def free_port() -> int:

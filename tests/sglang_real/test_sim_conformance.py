@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.sim_in_process import parse_sim_args
 from helpers.sim_process import SimProcess
 from server import RealServer
 
 from genfleet.common.fleet_stats import ServerLoad
 from genfleet.producer.prompts import PromptTemplater
-from genfleet.sim.command import parse_sim_args
 from genfleet.sim.vocab import SimVocab
 from genfleet.workers.generation.client import (
     ServerInfo,

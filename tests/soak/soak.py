@@ -47,13 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the e2e 
 from helpers.data import write_jsonl  # noqa: E402
 from helpers.fleet import Fleet, WorkerProcess, same_worker_overlaps  # noqa: E402
 from helpers.redis_server import RedisServer  # noqa: E402
-from helpers.sim_process import SimProcess, free_port  # noqa: E402
+from helpers.sim_process import SimProcess, free_port, read_completion_log  # noqa: E402
 from helpers.tcp_proxy import BlackholeProxy  # noqa: E402
 from helpers.tmpfs import fill  # noqa: E402
 from helpers.waits import wait_until  # noqa: E402
 
 from genfleet.common.run_state import RunState  # noqa: E402
-from genfleet.sim.server import read_completion_log  # noqa: E402
 
 RUN = "soak"
 # A 15 s lease renewed every 4 s, a reaper every 3 s: the documented settings, shortened.

@@ -6,7 +6,13 @@ import random
 import pytest
 
 from genfleet.common.fleet_stats import LengthHistogram, bucket_bounds, bucket_of
-from genfleet.status.eta import FLEET, OWN, DatasetWork, PoolThroughput, estimate_etas, share_pool, uniform_rate_eta
+from genfleet.status.eta import FLEET, OWN, DatasetWork, PoolThroughput, estimate_etas, share_pool
+
+
+def uniform_rate_eta(remaining: int, fleet_req_per_s: float) -> float | None:
+    """The estimate genfleet replaces (the baseline the ETA is compared with here): remaining prompts
+    over the fleet's prompt rate, as if every prompt cost the same."""
+    return remaining / fleet_req_per_s if fleet_req_per_s > 0 else None
 
 
 def lognormal_lengths(n: int, median: float, sigma: float, seed: int = 0) -> list[int]:

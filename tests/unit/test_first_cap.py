@@ -7,12 +7,12 @@ import itertools
 from unittest.mock import patch
 
 import pytest
+from helpers.run_stats import record_completion
 from hypothesis import given
 from hypothesis import strategies as st
 from test_generation_policies import generation
 from test_generation_policies import payload as policy_payload
 
-from genfleet.common.fleet_stats import record_completion
 from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, parse_first_cap, resolve

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from genfleet.producer.prompts import RowRejected, choose_partition, prompt_id, prompt_messages, to_messages
+from genfleet.producer.prompts import RowRejected, choose_partition, prompt_id, prompt_messages, read_row
 from genfleet.producer.run_config import DatasetSpec
 
 
 def test_sharegpt_and_openai_rows_become_chat_messages():
     sharegpt = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
                                   {"from": "gpt", "value": "a"}]}
-    assert prompt_messages(to_messages(sharegpt)) == [{"role": "system", "content": "s"},
-                                                      {"role": "user", "content": "q"}]
+    assert prompt_messages(read_row(sharegpt).messages) == [{"role": "system", "content": "s"},
+                                                            {"role": "user", "content": "q"}]
     openai = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
                            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]}
-    assert [m["content"] for m in prompt_messages(to_messages(openai))] == ["q1", "a1", "q2"]
-    assert to_messages({"prompt": "hi"}) == [{"role": "user", "content": "hi"}]
+    assert [m["content"] for m in prompt_messages(read_row(openai).messages)] == ["q1", "a1", "q2"]
+    assert read_row({"prompt": "hi"}).messages == [{"role": "user", "content": "hi"}]
 
 
 def test_row_without_user_turn_is_rejected_with_reason():
     with pytest.raises(RowRejected, match="no user turn"):
-        prompt_messages(to_messages({"messages": [{"role": "assistant", "content": "a"}]}))
+        prompt_messages(read_row({"messages": [{"role": "assistant", "content": "a"}]}).messages)
 
 
 def test_prompt_ids_use_the_rows_own_id_else_its_index():

@@ -3,6 +3,7 @@ over sliding windows, errors, stream speed, a young run's shorter window, bucket
 from __future__ import annotations
 
 import pytest
+from helpers.run_stats import record_completion
 
 from genfleet.common import fleet_stats
 from genfleet.status.read_model import read_status
@@ -11,7 +12,7 @@ from genfleet.status.read_model import read_status
 def test_rate_buckets_give_rates_over_sliding_windows(redis_client):
     start = 1_000_020.0  # 20 s into a minute
     for second in range(0, 600, 2):  # one prompt of 100 tokens every 2 s for 10 minutes
-        fleet_stats.record_completion(redis_client, "r", "d", "short", 100, seconds=4.0, now=start + second)
+        record_completion(redis_client, "r", "d", "short", 100, seconds=4.0, now=start + second)
     fleet_stats.record_failure(redis_client, "r", "d", "short", now=start + 599)
     now = start + 600
     window = fleet_stats.read_rates(redis_client, "r", since=start, now=now)[("d", "short")]

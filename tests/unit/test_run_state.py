@@ -55,7 +55,7 @@ def test_rows_settle_in_their_own_bits_across_bitmap_bytes(redis_client):
     state = RunState(redis_client, "r")
     for row in (3, 9, 17, 800):  # Redis numbers bits from each byte's most significant
         state.mark_done("d", row, FINISHED)
-    assert state.done_row_set("d") == {3, 9, 17, 800} and state.done_rows("d") == 4
+    assert state.done_row_set("d") == {3, 9, 17, 800} and len(state.done_row_set("d")) == 4
     assert redis_client.getbit(state.keys.done("d"), 17) == 1
 
 
@@ -89,8 +89,8 @@ def test_publish_announces_each_task_once_on_the_event_channel(redis_client):
 
 def test_a_rejection_counts_once_and_a_row_published_later_is_no_longer_rejected(redis_client):
     state = RunState(redis_client, "r")
-    assert state.record_rejection("d", 4, "d.jsonl", 5, "invalid JSON") is True
-    assert state.record_rejection("d", 4, "d.jsonl", 5, "invalid JSON") is False
+    first = state.publish("d", [], [RowRejection(4, "d.jsonl", 5, "invalid JSON")], queues=PARTITIONS)
+    assert first.new_rejections == 1
     again = state.publish("d", [], [RowRejection(4, "d.jsonl", 5, "invalid JSON")], queues=PARTITIONS)
     assert again.new_rejections == 0
     assert state.rejections("d") == {4: {"file": "d.jsonl", "line": 5, "reason": "invalid JSON"}}

@@ -8,13 +8,13 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from helpers.sim_plans import prompts
+from helpers.sim_in_process import parse_sim_args
+from helpers.sim_plans import chunk_sizes, prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genfleet.sim.command import parse_sim_args
 from genfleet.sim.completion import REASONING_FORMAT_NAMES, CompletionPlan, LengthModel, plan_completion
-from genfleet.sim.engine import DecodeSteps, chunk_sizes
+from genfleet.sim.engine import DecodeSteps
 from genfleet.sim.settings import SimSettings
 from genfleet.sim.vocab import SimVocab
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers.sim_plans import FORMATS
+from helpers.sim_plans import FORMATS, plan_continuation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +28,7 @@ def test_a_continuation_after_its_prefix_is_the_completion_of_the_larger_budget(
     sim = SimSettings(port=0, lengths=lengths, reasoning_format=fmt, loops=LoopModel(loop_rate, start=(0, 300)))
     prefix = sim.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated)
     whole = sim.plan(prompt, vocab=vocab, seed=seed, max_new_tokens=generated + more)
-    tail = sim.plan_continuation(prompt, vocab=vocab, seed=seed, generated=generated, max_new_tokens=more)
+    tail = plan_continuation(sim, prompt, vocab=vocab, seed=seed, generated=generated, max_new_tokens=more)
     if prefix.stopped:
         return  # finished by its stop token: nothing to continue
     assert prefix.output_ids + tail.output_ids == whole.output_ids
@@ -46,7 +46,7 @@ def test_a_continuation_inside_the_reasoning_closes_it_later(vocab):
     prompt = [100, 200, 7]
     whole = sim.plan(prompt, vocab=vocab, max_new_tokens=1000)
     generated = whole.reasoning_end - 10
-    tail = sim.plan_continuation(prompt, vocab=vocab, generated=generated, max_new_tokens=1000 - generated)
+    tail = plan_continuation(sim, prompt, vocab=vocab, generated=generated, max_new_tokens=1000 - generated)
     assert (tail.reasoning_start, tail.reasoning_end) == (0, 10) and tail.output_ids[10] == vocab.think_end_id
     assert tail.content_text == whole.content_text and tail.stopped
 

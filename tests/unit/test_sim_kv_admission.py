@@ -6,10 +6,9 @@ import asyncio
 
 import pytest
 import typer
-from helpers.sim_in_process import generate, served
+from helpers.sim_in_process import generate, parse_sim_args, served
 
 from genfleet.sim.capacity import CLIP_MAX_NEW_TOKENS, Capacity, CapacitySettings, KvClaim
-from genfleet.sim.command import parse_sim_args
 
 
 def admitted(max_total_tokens: int, claims: list[KvClaim], ratio: float = 0.5) -> int:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import typer
+from helpers.sim_in_process import parse_sim_args
 from helpers.sim_plans import FORMATS, LENGTHS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genfleet.sim.command import parse_sim_args
 from genfleet.sim.completion import NO_LOOPS, CompletionPlan, LengthModel, LoopModel, plan_completion
 from genfleet.sim.vocab import SimVocab
 
