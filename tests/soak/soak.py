@@ -83,6 +83,7 @@ class Soak:
     seed: int
     minutes: float
     workdir: Path
+    kinds: list[str] = field(default_factory=lambda: list(FAULTS))  # the faults to draw from
     faults: list[Fault] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -125,12 +126,13 @@ class Soak:
         started = time.monotonic()
         self.started = started
         end = started + self.minutes * 60
-        print(f"soak seed {self.seed}: {self.total} prompts, {self.minutes:g} min of faults", flush=True)
+        drawn = "" if set(self.kinds) == set(FAULTS) else f" drawn from {', '.join(self.kinds)}"
+        print(f"soak seed {self.seed}: {self.total} prompts, {self.minutes:g} min of faults{drawn}", flush=True)
         while True:
             self._sleep(self.random.uniform(10, 25))
             if time.monotonic() >= end:
                 break
-            kind = self.random.choice(list(FAULTS))
+            kind = self.random.choice(self.kinds)
             fault = Fault(kind, round(time.monotonic() - started, 1))
             FAULTS[kind](self, fault)
             self.faults.append(fault)
@@ -405,13 +407,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--workdir", type=Path, help="where the soak's files go (default: a new temp dir)")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help="the kinds to draw from, comma-separated (default: all); e.g. the ones that must cost "
+                             "nothing: redis-killed,redis-shutdown,redis-blackholed,worker-paused-short")
     args = parser.parse_args()
+    kinds = [kind.strip() for kind in args.faults.split(",") if kind.strip()]
+    if not kinds or set(kinds) - set(FAULTS):
+        parser.error(f"--faults takes some of: {', '.join(FAULTS)}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"genfleet-soak-{args.seed}-"))
     if workdir.exists() and any(workdir.iterdir()):
         parser.error(f"--workdir {workdir} is not empty: a soak starts from nothing (its Redis, logs, shards)")
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"soak files in {workdir}", flush=True)
-    return Soak(args.seed, args.minutes, workdir).run()
+    return Soak(args.seed, args.minutes, workdir, kinds).run()
 
 
 if __name__ == "__main__":
