@@ -86,3 +86,45 @@ class SlotsBusy(WorkerError):
     """Every healthy host stayed at this worker's cap for the task's whole wait (its streams are
     long, or `--in-flight auto` lowered the caps): nothing the prompt did, so its message goes
     back to the queue, where another worker may have room; no attempt is counted."""
+
+
+# -- raised by the transport (workers/generation/stream_http.py), the routing (workers/upstreams.py), the
+# budget check (workers/generation/replies.py) and the shard writer (workers/output.py)
+
+
+class UpstreamURLError(WorkerError, ValueError):
+    """An upstream URL genfleet cannot talk to (scheme, host)."""
+
+
+class SendFailed(WorkerError):
+    """The request did not reach the server (connect, TLS, or the send itself): `cause` says why."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class BudgetSpent(WorkerError):
+    """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
+
+
+class NoUpstreamError(WorkerError, RuntimeError):
+    """The worker's upstream settings cannot work (no URL, an unknown routing)."""
+
+
+class NoUpstreamAvailable(TransientError):
+    """Every upstream is down or full for longer than the caller could wait."""
+
+    blames_upstream = False
+
+
+class DiskUnwritable(WorkerError):
+    """A local fault: the prompt goes back to the queue untouched, never to the dead letters."""
+
+
+class ShardWriteFailed(WorkerError, OSError):
+    """The record is not on disk: a local fault, not the prompt's; the task gives its message back."""
+
+
+class ShardWriterClosed(ShardWriteFailed):
+    """The worker is shutting down: a record that arrives now is given back like any local fault."""

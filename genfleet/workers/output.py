@@ -30,11 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from genfleet.common.shards import open_shard_name, sealed, shard_dir, shard_seq
-from genfleet.workers.errors import ShutdownRequested, WorkerError
-
-
-class DiskUnwritable(WorkerError):
-    """A local fault: the prompt goes back to the queue untouched, never to the dead letters."""
+from genfleet.workers.errors import DiskUnwritable, ShardWriteFailed, ShardWriterClosed, ShutdownRequested
 
 
 class DiskGuard:
@@ -92,14 +88,6 @@ log = logging.getLogger(__name__)
 
 # A write waits at most this long for its fsync (a hung NFS mount, a stuck disk).
 WRITE_TIMEOUT_S = 120.0
-
-
-class ShardWriteFailed(WorkerError, OSError):
-    """The record is not on disk: a local fault, not the prompt's; the task gives its message back."""
-
-
-class ShardWriterClosed(ShardWriteFailed):
-    """The worker is shutting down: a record that arrives now is given back like any local fault."""
 
 
 class ShardWriter:

@@ -22,12 +22,20 @@ from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn,
 from genfleet.common.run_state import Outcome
 from genfleet.workers import telemetry
 from genfleet.workers.broker import NextInLine
-from genfleet.workers.errors import GenerationError, PermanentError, ShutdownRequested, SlotsBusy, TransientError
+from genfleet.workers.errors import (
+    BudgetSpent,
+    DiskUnwritable,
+    GenerationError,
+    PermanentError,
+    ShardWriteFailed,
+    ShutdownRequested,
+    SlotsBusy,
+    TransientError,
+)
 from genfleet.workers.failures import handle_failure
 from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import staged
-from genfleet.workers.generation.replies import BudgetSpent, Continuation, follow_up, generate_turns
-from genfleet.workers.output import DiskUnwritable, ShardWriteFailed
+from genfleet.workers.generation.replies import Continuation, follow_up, generate_turns
 from genfleet.workers.runtime import WorkerRuntime, leased_request
 
 log = logging.getLogger(__name__)

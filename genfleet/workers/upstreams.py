@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import httpx
 
 from genfleet.common.records import Routing, choices
-from genfleet.workers.errors import ShutdownRequested, SlotsBusy, TransientError, WorkerError
+from genfleet.workers.errors import NoUpstreamAvailable, NoUpstreamError, ShutdownRequested, SlotsBusy
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,6 @@ WARM_SPILL_GRACE_S = 2.0
 WARM_WAITERS_MAX = 16
 # (host, prompt) pairs remembered per worker (~200 bytes each); samples are queued 256 prompts apart.
 PROMPTS_REMEMBERED = 16_384
-
-
-class NoUpstreamError(WorkerError, RuntimeError):
-    pass
-
-
-class NoUpstreamAvailable(TransientError):
-    """Every upstream is down or full for longer than the caller could wait."""
-
-    blames_upstream = False
 
 
 @dataclass

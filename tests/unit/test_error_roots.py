@@ -48,3 +48,12 @@ def test_every_exception_a_module_defines_is_under_its_packages_root(name):
     root = root_of(name)
     wrong = [cls.__name__ for cls in defined if not issubclass(cls, root)]
     assert not wrong, f"{name}: {wrong} not under {root.__name__}"
+
+
+def test_every_worker_error_is_defined_in_one_module():
+    """`workers/errors.py` is the one place to find a worker's errors: no other worker module defines one."""
+    elsewhere = [f"{name}.{cls.__name__}" for name in product_modules() if name.startswith("genfleet.workers.")
+                 and name != "genfleet.workers.errors"
+                 for _, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass)
+                 if issubclass(cls, BaseException) and cls.__module__ == name]
+    assert not elsewhere, f"define these in genfleet/workers/errors.py: {elsewhere}"

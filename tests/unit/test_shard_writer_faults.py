@@ -6,7 +6,8 @@ import pytest
 from helpers.tmpfs import fill, tmpfs
 from helpers.waits import wait_until
 
-from genfleet.workers.output import ShardSet, ShardWriteFailed, ShardWriter
+from genfleet.workers.errors import ShardWriteFailed
+from genfleet.workers.output import ShardSet, ShardWriter
 
 
 def test_a_full_disk_fails_the_write_and_the_writer_recovers_once_there_is_room(tmp_path):

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from helpers.keep_alive_server import keep_alive_server
 
-from genfleet.workers.errors import TransientError
-from genfleet.workers.generation.stream_http import Origin, SendFailed, StreamConnections, UpstreamURLError
+from genfleet.workers.errors import SendFailed, TransientError, UpstreamURLError
+from genfleet.workers.generation.stream_http import Origin, StreamConnections
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from helpers.http_stub import http_stub, status_handler
 from helpers.sim_process import free_port
 from helpers.waits import wait_until
 
-from genfleet.workers.errors import ShutdownRequested, SlotsBusy
-from genfleet.workers.upstreams import NoUpstreamAvailable, NoUpstreamError, UpstreamPool
+from genfleet.workers.errors import NoUpstreamAvailable, NoUpstreamError, ShutdownRequested, SlotsBusy
+from genfleet.workers.upstreams import UpstreamPool
 
 A, B, C = "http://a", "http://b", "http://c"
 

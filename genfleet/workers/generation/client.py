@@ -76,6 +76,7 @@ from genfleet.workers.errors import (
     DeadlineExceeded,
     IntegrityError,
     PermanentError,
+    SendFailed,
     ShutdownRequested,
     StreamCut,
     StreamStalled,
@@ -83,7 +84,7 @@ from genfleet.workers.errors import (
     UpstreamAborted,
 )
 from genfleet.workers.generation.loop_guard import Loop, LoopDetector, LoopThresholds
-from genfleet.workers.generation.stream_http import SendFailed, StreamConnections, data_payloads
+from genfleet.workers.generation.stream_http import StreamConnections, data_payloads
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}

@@ -42,7 +42,7 @@ from genfleet.common.queues import LONG
 from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import TaskPayload, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
-from genfleet.workers.errors import GenerationError, PermanentError, WorkerError
+from genfleet.workers.errors import BudgetSpent, GenerationError, PermanentError
 from genfleet.workers.generation.client import Generation, StreamWatch, chat_body, generate_body
 from genfleet.workers.generation.first_cap import next_stage
 from genfleet.workers.generation.loop_guard import LoopThresholds
@@ -69,8 +69,6 @@ def reply_positions(messages: list[Message], mode: str) -> list[int]:
 def history_before(messages: list[Message], position: int, replies: dict[int, Message]) -> list[Message]:
     """The prompt for the reply at `position`: earlier assistant turns replaced by the model's own."""
     return [replies.get(index, message) for index, message in enumerate(messages[:position])]
-
-
 
 
 @dataclass(frozen=True)
@@ -304,10 +302,6 @@ def loop_thresholds(runtime: WorkerRuntime, *, characters: bool = False) -> Loop
              if (value := getattr(settings, f"loop_{name}")) is not None}
     tokens = replace(base, **given)
     return tokens if not characters else LoopThresholds.for_characters(tokens)
-
-
-class BudgetSpent(WorkerError):
-    """The dataset's completion-token budget is used up: the prompt is skipped, not generated."""
 
 
 def budget_spent(payload: TaskPayload, runtime: WorkerRuntime) -> bool:

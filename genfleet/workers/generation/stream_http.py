@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from genfleet.workers.errors import WorkerError
+from genfleet.workers.errors import SendFailed, UpstreamURLError
 
 
 def data_payloads(blocks: Iterable[bytes]) -> Iterator[bytes]:
@@ -66,10 +66,6 @@ STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, Broken
                     ssl.SSLEOFError)
 READ_SIZE = 65536
 ERROR_BODY_LIMIT = 65536
-
-
-class UpstreamURLError(WorkerError, ValueError):
-    """An upstream URL genfleet cannot talk to (scheme, host)."""
 
 
 @dataclass(frozen=True)
@@ -122,14 +118,6 @@ class _Connection(_StallTimeout, http.client.HTTPConnection):
 
 class _TLSConnection(_StallTimeout, http.client.HTTPSConnection):
     pass
-
-
-class SendFailed(WorkerError):
-    """The request did not reach the server (connect, TLS, or the send itself): `cause` says why."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 class StreamConnections:
