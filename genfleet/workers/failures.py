@@ -20,6 +20,7 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from genfleet.common.records import TaskPayload
+from genfleet.common.run_state import TRANSIENT
 from genfleet.workers import telemetry
 from genfleet.workers.errors import GenerationError, IntegrityError, UpstreamAborted
 from genfleet.workers.runtime import WorkerRuntime
@@ -30,17 +31,25 @@ log = logging.getLogger(__name__)
 def handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error: GenerationError) -> NoReturn:
     """Raises Retry, Reject or the error itself (the task's FAILURE)."""
     settings = runtime.settings
-    telemetry.failed(runtime, payload, error)  # error rate for `status`, Prometheus
+    error_class = verdict(error, payload.attempt, settings.max_attempts)
+    telemetry.failed(runtime, payload, error, error_class)  # error rate for `status`, Prometheus
     with redis_fault_gives_back(payload):
         count_failure(runtime, payload, error)
-    if error.retryable and payload.attempt < settings.max_attempts:
+    if error_class == TRANSIENT:
         retry(task, payload, error, retry_countdown(payload.attempt, settings.retry_backoff_s,
                                                     settings.retry_backoff_max_s))
-    error_class = error.exhausted_class if error.retryable else error.error_class
     with redis_fault_gives_back(payload):
         runtime.run_state(payload.run).record_dead_letter(payload, error_class, str(error), error.upstream)
     # Raising marks the task FAILURE in Flower with the error's type, class and message.
     raise error.as_dead_letter(error_class, payload.attempt)
+
+
+def verdict(error: GenerationError, attempt: int, max_attempts: int) -> str:
+    """`transient` (tried again), or the dead-letter class: the error's own (`permanent`,
+    `integrity`, ...) for one retrying cannot help, its `exhausted_class` once the attempts are used up."""
+    if not error.retryable:
+        return error.error_class
+    return TRANSIENT if attempt < max_attempts else error.exhausted_class
 
 
 @contextmanager

@@ -40,7 +40,7 @@ from genfleet.common import fleet_stats
 from genfleet.common.keys import KOMBU_UNACKED, queue_list
 from genfleet.common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
 from genfleet.common.records import CompletionRecord, TaskPayload
-from genfleet.common.run_state import PERMANENT, TRANSIENT, created_at
+from genfleet.common.run_state import created_at
 from genfleet.workers.admission import streams
 from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.runtime import WorkerRuntime
@@ -213,10 +213,10 @@ def completion_updates(payload: TaskPayload, record: CompletionRecord) -> list[f
                                     record.usage.completion_tokens, record.timing.duration_s)
 
 
-def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:
-    """A failed attempt, whether it will be retried or dead-lettered."""
-    METRICS.errors.labels(payload.run, payload.dataset, payload.partition, type(error).__name__,
-                          outcome_class(error, payload.attempt, runtime.settings.max_attempts)).inc()
+def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError, verdict: str) -> None:
+    """A failed attempt, with the failure policy's verdict on it (`workers/failures.py`): transient
+    (tried again) or its dead-letter class."""
+    METRICS.errors.labels(payload.run, payload.dataset, payload.partition, type(error).__name__, verdict).inc()
     if isinstance(error, IntegrityError):
         METRICS.integrity_failures.labels(payload.run, payload.dataset, error.upstream or "unknown").inc()
     try:
@@ -224,13 +224,6 @@ def failed(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError)
                                    payload.partition)
     except redis.RedisError as redis_error:
         log.warning("failure of %s not recorded: %s", payload.id, redis_error)
-
-
-def outcome_class(error: GenerationError, attempt: int, max_attempts: int) -> str:
-    """transient (will be retried), or the dead-letter class: permanent, exhausted or integrity."""
-    if not error.retryable:
-        return PERMANENT
-    return TRANSIENT if attempt < max_attempts else error.exhausted_class
 
 
 class InFlight:

@@ -11,10 +11,10 @@ from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Usage
 from genfleet.common.run_state import Outcome
 from genfleet.common.tokenizer import render_prompts
 from genfleet.workers.errors import IntegrityError, PermanentError, TransientError
+from genfleet.workers.failures import verdict
 from genfleet.workers.generation.client import chat_body, generate_body
 from genfleet.workers.generation.replies import history_before, prompt_ids, reply_positions
 from genfleet.workers.tasks import outcome_of, summary
-from genfleet.workers.telemetry import outcome_class
 
 QUESTION = [{"role": "user", "content": "hi"}]
 
@@ -72,10 +72,10 @@ def test_the_first_turn_uses_the_producers_ids_and_later_turns_need_the_tokenize
 
 
 def test_an_attempt_is_transient_until_its_last_then_it_takes_its_dead_letter_class():
-    assert outcome_class(TransientError("x"), 1, 3) == "transient"
-    assert outcome_class(TransientError("x"), 3, 3) == "exhausted"
-    assert outcome_class(IntegrityError("x"), 3, 3) == "integrity"
-    assert outcome_class(PermanentError("x"), 1, 3) == "permanent"
+    assert verdict(TransientError("x"), 1, 3) == "transient"
+    assert verdict(TransientError("x"), 3, 3) == "exhausted"
+    assert verdict(IntegrityError("x"), 3, 3) == "integrity"
+    assert verdict(PermanentError("x"), 1, 3) == "permanent"
 
 
 def test_request_bodies_carry_only_sglangs_own_field_names():
