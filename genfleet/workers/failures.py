@@ -22,10 +22,50 @@ from celery.exceptions import Reject, Retry
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import TRANSIENT
 from genfleet.workers import telemetry
-from genfleet.workers.errors import GenerationError, IntegrityError, UpstreamAborted
+from genfleet.workers.errors import (
+    DiskUnwritable,
+    GenerationError,
+    IntegrityError,
+    ShutdownRequested,
+    SlotsBusy,
+    TransientError,
+    UpstreamAborted,
+)
 from genfleet.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
+
+
+def handle_error(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error: Exception, *,
+                 superseded: bool) -> NoReturn:
+    """Every way a task body fails, decided here: raises Reject (the message given back), Retry, or
+    the error itself (the task's FAILURE, a dead letter).
+
+    - A copy whose message was delivered again (`superseded`: its lease lapsed while its worker
+      stood still) gives it back, which touches nothing: the message is the new delivery's.
+    - The worker's shutdown, and local faults (the disk, a Redis outage past the client's retries,
+      this worker's own caps) are not the prompt's: no attempt counted, no dead letter. A record
+      already written is found by the done check's next run, or deduplicated by export.
+    - A generation's failure gets its verdict (`handle_failure`); anything else is a bug or an
+      outage, which must not lose the prompt: a transient failure."""
+    if superseded:
+        give_back(f"its message was delivered again: this copy stopped ({type(error).__name__})")
+    if isinstance(error, ShutdownRequested):
+        give_back("worker shutting down")
+    if isinstance(error, (DiskUnwritable, SlotsBusy, redis.RedisError)):
+        log.warning("giving %s back to the queue: %s", payload.id, error)
+        give_back(str(error))
+    if not isinstance(error, GenerationError):
+        log.error("unexpected error on %s", payload.id, exc_info=error)
+        error = TransientError(f"{type(error).__name__}: {error}")
+    handle_failure(task, payload, runtime, error)
+
+
+def give_back(reason: str) -> NoReturn:
+    """The message goes back to its queue as it came: no attempt counted, no dead letter. Every
+    give-back of a task's message goes through here (`Reject(requeue=True)`, which Celery turns into
+    kombu's requeue; genfleet's requeues only the delivery it names: `workers/broker.py` `settle`)."""
+    raise Reject(reason, requeue=True) from None
 
 
 def handle_failure(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error: GenerationError) -> NoReturn:
@@ -61,7 +101,7 @@ def redis_fault_gives_back(payload: TaskPayload) -> Iterator[None]:
         yield
     except redis.RedisError as error:
         log.warning("could not record %s's state in Redis (%s); giving its message back", payload.id, error)
-        raise Reject(f"redis: {error}", requeue=True) from None
+        give_back(f"redis: {error}")
 
 
 def count_failure(runtime: WorkerRuntime, payload: TaskPayload, error: GenerationError) -> None:
@@ -87,7 +127,7 @@ def retry(task: Task, payload: TaskPayload, error: GenerationError, countdown: f
         raise
     except Exception:  # noqa: BLE001 - the retry could not be published (broker down)
         log.exception("could not publish the retry of %s; giving the message back", payload.id)
-        raise Reject("retry not published", requeue=True) from None
+        give_back("retry not published")
 
 
 def retry_countdown(attempt: int, base_s: float, max_s: float) -> float:

@@ -11,9 +11,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Protocol
 
-import redis
 from celery import Celery, Task
-from celery.exceptions import Reject
 
 from genfleet.common.names import task_problem
 from genfleet.common.queues import GENERATE_TASK
@@ -25,14 +23,10 @@ from genfleet.workers.broker import NextInLine
 from genfleet.workers.errors import (
     BudgetSpent,
     DiskUnwritable,
-    GenerationError,
     PermanentError,
     ShardWriteFailed,
-    ShutdownRequested,
-    SlotsBusy,
-    TransientError,
 )
-from genfleet.workers.failures import handle_failure
+from genfleet.workers.failures import give_back, handle_error
 from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import staged
 from genfleet.workers.generation.replies import Continuation, follow_up, generate_turns
@@ -63,9 +57,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
         # A message delivered to this worker again while an older copy of it still runs here (its
         # lease lapsed in a pause) starts once that copy has stopped: never two streams of one prompt.
         if delivery is not None and not runtime.leases.await_turn(delivery, runtime.settings.task_deadline_s):
-            raise Reject("an older copy of this message still runs in this worker", requeue=True)
+            give_back("an older copy of this message still runs in this worker")
         if delivery is not None and delivery.superseded.is_set():  # delivered again while it waited here
-            raise Reject("its message was delivered again before this copy started", requeue=True)
+            give_back("its message was delivered again before this copy started")
         if unknown := TaskPayload.unknown_fields(raw_payload):
             # A newer genfleet's task, in a rolling upgrade (a staged part's follow-up carries
             # `staged_from`). Read without the field it could give another record (a staged part
@@ -75,7 +69,7 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
             log.error("task %s has fields this worker does not know (%s): sent by a newer genfleet; upgrade "
                       "this worker; giving it back to the queue", raw_payload.get("id"), ", ".join(unknown))
             time.sleep(NEWER_TASK_PAUSE_S)
-            raise Reject(f"fields of a newer genfleet: {', '.join(unknown)}", requeue=True)
+            give_back(f"fields of a newer genfleet: {', '.join(unknown)}")
         payload = TaskPayload.from_dict(raw_payload)
 
         def publish(task: TaskPayload, note: str, *, next_in_line: bool = False) -> None:
@@ -87,25 +81,9 @@ def register(app: Celery, runtime: WorkerRuntime) -> Task:
 
         try:
             return complete(payload, runtime, publish)
-        except ShutdownRequested:
-            if delivery is not None and delivery.superseded.is_set():
-                # Its give-back touches nothing: the message is another delivery's now (broker.settle).
-                raise Reject("its message was delivered again: this copy stopped", requeue=True) from None
-            raise Reject("worker shutting down", requeue=True) from None
-        except (DiskUnwritable, SlotsBusy, redis.RedisError) as error:
-            # A local fault (the disk, a Redis outage past the client's retries, this worker's own
-            # caps) is not the
-            # prompt's: no attempt counted, no dead letter. A record already written is found by
-            # the done check's next run, or deduplicated by export.
-            log.warning("giving %s back to the queue: %s", payload.id, error)
-            raise Reject(str(error), requeue=True) from None
-        except GenerationError as error:
-            if delivery is not None and delivery.superseded.is_set():  # another delivery runs it now
-                raise Reject(f"its message was delivered again: {error}", requeue=True) from None
-            handle_failure(self, payload, runtime, error)
-        except Exception as error:  # noqa: BLE001 - a bug or an outage must not lose the prompt
-            log.exception("unexpected error on %s", payload.id)
-            handle_failure(self, payload, runtime, TransientError(f"{type(error).__name__}: {error}"))
+        except Exception as error:  # noqa: BLE001 - every failure is decided in workers/failures.py
+            handle_error(self, payload, runtime, error,
+                         superseded=delivery is not None and delivery.superseded.is_set())
 
     return generate
 
@@ -159,7 +137,7 @@ def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generati
         publish(next_part, note, next_in_line=payload.staged_from is not None)
     except Exception as error:  # noqa: BLE001 - the broker is down: nothing is lost if the message goes back
         log.warning("could not publish the %s of %s (%s); giving its message back", kind, payload.id, error)
-        raise Reject(f"follow-up not published: {error}", requeue=True) from None
+        give_back(f"follow-up not published: {error}")
     return {"id": payload.id, "finish_reason": "length", "then": kind,
             "completion_tokens": generation.completion_tokens}
 
