@@ -15,7 +15,7 @@ Then it judges what a user would check, from outside genfleet's own counters:
   `FINISH_AFTER_HEAL_S` of the last heal;
 - no prompt run twice at once by one worker (two records of one id by one worker whose
   start-to-end intervals overlap);
-- generations beyond one per prompt (whole, clean completions in the simulators' logs) at most the
+- generations beyond one per prompt (whole completions in the simulators' logs) at most the
   streams the faults themselves killed (`Fault.bound`): a killed or long-paused worker's in-flight
   cap, the streams in flight on a killed or faulty host or through a full disk, the records
   started or finished in an AOF's lost second. Redis restarts, shutdowns and blackholes, and
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +114,9 @@ class Soak:
                 for host in self.hosts:
                     host.stop()
                 self.redis.stop()
+                # The shards, kept beside the logs for a failure's post-mortem (the tmpfs goes).
+                if (self.output / RUN).is_dir():
+                    shutil.copytree(self.output / RUN, self.workdir / "records", dirs_exist_ok=True)
                 if self.tmpfs:
                     subprocess.run(["umount", "-l", str(self.output)], check=False)
 
@@ -204,10 +208,14 @@ class Soak:
         records = self.fleet.records(RUN)
         ids = {record["id"] for record in records}
         expected = {f"{name}/{row}" for name, size in self._sizes().items() for row in range(size)}
-        clean = [line for path in self.host_logs if path.exists() for line in read_completion_log(path)
-                 if not line.get("faults") and (line.get("finish_reason") or {}).get("type") in ("stop", "length")]
-        generated = Counter(tuple(line["input_ids"]) for line in clean)
-        by_output = {tuple(line["output_ids"]): tuple(line["input_ids"]) for line in clean}
+        # Every whole completion a host sent: a line whose stream reached its finish. Its ids are what
+        # the host generated even where a fault struck the wire (a dropped chunk, a miscount: the line
+        # keeps the true ids), so a record must equal one of them; a worker that took a corrupted
+        # stream for a whole one would write ids no line has.
+        whole = [line for path in self.host_logs if path.exists() for line in read_completion_log(path)
+                 if (line.get("finish_reason") or {}).get("type") in ("stop", "length")]
+        generated = Counter(tuple(line["input_ids"]) for line in whole)
+        by_output = {tuple(line["output_ids"]): tuple(line["input_ids"]) for line in whole}
         inexact = [r["id"] for r in records if tuple(r.get("output_ids") or ()) not in by_output]
         prompts_of = Counter(by_output.get(tuple(r.get("output_ids") or ())) for r in records)
         extra = sum(count - 1 for count in generated.values())
