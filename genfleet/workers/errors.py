@@ -82,10 +82,14 @@ class ShutdownRequested(WorkerError):
     """The worker is stopping: the task gives its message back to the queue."""
 
 
-class SlotsBusy(WorkerError):
-    """Every healthy host stayed at this worker's cap for the task's whole wait (its streams are
-    long, or `--in-flight auto` lowered the caps): nothing the prompt did, so its message goes
-    back to the queue, where another worker may have room; no attempt is counted."""
+class NoFreeSlot(WorkerError):
+    """A task waited its whole wait for a slot on an upstream: `healthy` says whether some host was
+    up (at this worker's cap) or every one was down. What that means for the prompt is decided in
+    workers/failures.py (`handle_error`)."""
+
+    def __init__(self, message: str, *, healthy: bool) -> None:
+        super().__init__(message)
+        self.healthy = healthy
 
 
 # -- raised by the transport (workers/generation/stream_http.py), the routing (workers/upstreams.py), the
@@ -113,7 +117,7 @@ class NoUpstreamError(WorkerError, RuntimeError):
 
 
 class NoUpstreamAvailable(TransientError):
-    """Every upstream is down or full for longer than the caller could wait."""
+    """Every upstream was down for longer than the task could wait: an attempt, tried again later."""
 
     blames_upstream = False
 

@@ -26,8 +26,9 @@ from genfleet.workers.errors import (
     DiskUnwritable,
     GenerationError,
     IntegrityError,
+    NoFreeSlot,
+    NoUpstreamAvailable,
     ShutdownRequested,
-    SlotsBusy,
     TransientError,
     UpstreamAborted,
 )
@@ -44,7 +45,8 @@ def handle_error(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error
     - A copy whose message was delivered again (`superseded`: its lease lapsed while its worker
       stood still) gives it back, which touches nothing: the message is the new delivery's.
     - The worker's shutdown, and local faults (the disk, a Redis outage past the client's retries,
-      this worker's own caps) are not the prompt's: no attempt counted, no dead letter. A record
+      this worker's own caps on healthy hosts) are not the prompt's: no attempt counted, no dead
+      letter. A wait for a slot while every host was down is an attempt, tried again later. A record
       already written is found by the done check's next run, or deduplicated by export.
     - A generation's failure gets its verdict (`handle_failure`); anything else is a bug or an
       outage, which must not lose the prompt: a transient failure."""
@@ -52,7 +54,14 @@ def handle_error(task: Task, payload: TaskPayload, runtime: WorkerRuntime, error
         give_back(f"its message was delivered again: this copy stopped ({type(error).__name__})")
     if isinstance(error, ShutdownRequested):
         give_back("worker shutting down")
-    if isinstance(error, (DiskUnwritable, SlotsBusy, redis.RedisError)):
+    if isinstance(error, NoFreeSlot):
+        if error.healthy:
+            # Every healthy host stayed at this worker's cap (long streams, or `--in-flight auto`
+            # lowered the caps): nothing the prompt did; another worker may have room.
+            log.warning("giving %s back to the queue: %s", payload.id, error)
+            give_back(str(error))
+        error = NoUpstreamAvailable(f"every upstream down: {error}")  # an attempt, tried again later
+    if isinstance(error, (DiskUnwritable, redis.RedisError)):
         log.warning("giving %s back to the queue: %s", payload.id, error)
         give_back(str(error))
     if not isinstance(error, GenerationError):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import httpx
 
 from genfleet.common.records import Routing, choices
-from genfleet.workers.errors import NoUpstreamAvailable, NoUpstreamError, ShutdownRequested, SlotsBusy
+from genfleet.workers.errors import NoFreeSlot, NoUpstreamError, ShutdownRequested
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +123,10 @@ class UpstreamPool:
                     now = time.monotonic()
                     remaining = deadline - now
                     if remaining <= 0:
-                        described = ", ".join(self._describe())
-                        if any(not s.is_open for s in self.states.values()):
-                            raise SlotsBusy(f"no free slot on a healthy upstream for {wait_s:.0f} s: {described}")
-                        raise NoUpstreamAvailable(f"no healthy upstream with a free slot for {wait_s:.0f} s: "
-                                                  + described)
+                        # What the wait means for the prompt is decided in workers/failures.py.
+                        raise NoFreeSlot(f"no free slot on a healthy upstream for {wait_s:.0f} s: "
+                                         + ", ".join(self._describe()),
+                                         healthy=any(not s.is_open for s in self.states.values()))
                     if self._has_free_slot():  # only its preferred host is full: wait out the grace
                         if (not waiting_warm and self._warm_waiting < WARM_WAITERS_MAX
                                 and self._warm_on_preferred(affinity, avoid, prompt)):

@@ -19,6 +19,7 @@ from genfleet.workers import failures
 from genfleet.workers.errors import (
     DeadlineExceeded,
     IntegrityError,
+    NoFreeSlot,
     PermanentError,
     StreamStalled,
     TransientError,
@@ -136,3 +137,29 @@ def test_a_redis_that_refuses_the_dead_letter_gives_the_message_back(redis_clien
     runtime = SimpleNamespace(settings=Settings(max_attempts=1), run_state=lambda run: RefusingState(redis_client, run))
     raised = fail(runtime, PermanentError("HTTP 400"), 1)
     assert isinstance(raised, Reject) and raised.requeue
+
+
+def test_a_wait_for_a_slot_on_healthy_hosts_gives_the_message_back_and_counts_no_attempt(runtime):
+    task = FakeTask()
+    with pytest.raises(Reject) as given_back:
+        failures.handle_error(task, payload(1), runtime, NoFreeSlot("no free slot: a (2 in flight)", healthy=True),
+                              superseded=False)
+    assert given_back.value.requeue and task.retries == []
+    assert RunState(runtime.run_state("r").redis, "r").counters("d")["failed"] == 0
+
+
+def test_a_wait_for_a_slot_while_every_host_was_down_is_an_attempt_tried_again(runtime):
+    task = FakeTask()
+    with pytest.raises(Retry):
+        failures.handle_error(task, payload(1), runtime, NoFreeSlot("no free slot: a (down)", healthy=False),
+                              superseded=False)
+    assert [retry["args"][0]["attempt"] for retry in task.retries] == [2]
+
+
+def test_a_copy_whose_message_was_delivered_again_gives_it_back_whatever_failed_it(runtime):
+    task = FakeTask()
+    for error in (TransientError("cut"), ValueError("a bug"), NoFreeSlot("down", healthy=False)):
+        with pytest.raises(Reject) as given_back:
+            failures.handle_error(task, payload(1), runtime, error, superseded=True)
+        assert given_back.value.requeue
+    assert task.retries == [], "a superseded copy publishes no retry beside the delivery that runs it now"

@@ -11,7 +11,7 @@ from helpers.http_stub import http_stub, status_handler
 from helpers.sim_process import free_port
 from helpers.waits import wait_until
 
-from genfleet.workers.errors import NoUpstreamAvailable, NoUpstreamError, ShutdownRequested, SlotsBusy
+from genfleet.workers.errors import NoFreeSlot, NoUpstreamError, ShutdownRequested
 from genfleet.workers.upstreams import UpstreamPool
 
 A, B, C = "http://a", "http://b", "http://c"
@@ -54,9 +54,10 @@ def test_no_host_takes_more_than_its_cap_and_a_waiting_lease_gets_the_next_free_
     slots.take()
     slots.take()
     # Healthy but full for the whole wait: this worker's own caps, not the prompt's fault (the task
-    # gives its message back, no attempt counted: workers/tasks.py).
-    with pytest.raises(SlotsBusy, match="2 in flight"):
+    # gives its message back, no attempt counted: workers/failures.py).
+    with pytest.raises(NoFreeSlot, match="2 in flight") as waited:
         slots.take(wait_s=0.2)
+    assert waited.value.healthy
     got: list[str] = []
     waiter = threading.Thread(target=lambda: got.append(slots.take(wait_s=10)))
     waiter.start()
@@ -86,8 +87,9 @@ def test_the_circuit_opens_after_consecutive_failures_only():
 def test_with_every_circuit_open_a_lease_waits_then_fails_naming_the_hosts_down():
     pool = UpstreamPool([A], per_upstream_cap=10, failure_threshold=1, open_s=30)
     pool.report(A, ok=False)
-    with pytest.raises(NoUpstreamAvailable, match=r"http://a \(down\)"):
+    with pytest.raises(NoFreeSlot, match=r"http://a \(down\)") as waited:
         Slots(pool).take(wait_s=0.2)
+    assert not waited.value.healthy
 
 
 def test_a_probe_closes_an_open_circuit_once_its_cool_down_is_over_and_health_answers_200():
