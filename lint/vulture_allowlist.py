@@ -42,6 +42,9 @@ _.pre_tokenizer, _.decoder
 # (`SimVocab.eos_id`; the simulator stops with each format's own stop marker).
 _.latest, eos_id
 
+# uvicorn's Server reads `should_exit` to stop (tests/helpers/task_harness.py).
+_.should_exit
+
 # `__exit__(*exc_info)`: the context-manager protocol.
 exc_info
 
