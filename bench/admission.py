@@ -195,7 +195,7 @@ def server_counters(kind: str, url: str, counters: Path | None) -> dict[str, int
 
 def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Path | None, model: Path,
             rows_path: Path, total: int, config: Config, run: str) -> dict:
-    from bench.real_server import _finished, _wait  # one wait and one progress read for every measurement
+    from bench.real_tier import finished_prompts, wait_for  # one wait and one progress read for every measurement
 
     output = procs.dir / f"output-{run}"
     settings: dict[str, object] = {"in_flight_mode": "auto" if config.auto else "fixed",
@@ -213,7 +213,7 @@ def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Pat
         started = time.monotonic()
         enqueue = procs.start(f"enqueue-{run}", genfleet("enqueue", "--run", run, "--tokenizer", str(model),
                                                          "--keep-token-ids", *enqueue_args, f"d={rows_path}"), env)
-        _wait(lambda: _finished(client, run) >= total, f"genfleet run {run}", worker, enqueue)
+        wait_for(lambda: finished_prompts(client, run) >= total, f"genfleet run {run}", worker, enqueue)
         wall_s = time.monotonic() - started
     after = server_counters(kind, url, counters)
     procs.stop(worker)
@@ -273,7 +273,7 @@ def _sglang_variables() -> dict[str, str]:
 def measure_admission(kind: str, workload, model: Path, tmp: Path) -> dict:
     """Each shape: a server (real or sim), the four configurations one after the other on it, its
     radix cache flushed between them (the sim: a fresh one each)."""
-    from bench.real_server import write_rows
+    from bench.real_tier import write_rows
 
     count = workload.admission_prompts
     rows_path = write_rows(tmp / "admission.jsonl", rows(count))
@@ -302,9 +302,7 @@ def measure_admission(kind: str, workload, model: Path, tmp: Path) -> dict:
 
 
 def _real_server(procs: Processes, model: Path, total_tokens: int):
-    from server import RealServer, sglang_venv
-
-    from bench.real_server import tier_model  # noqa: F401 - puts the tier on sys.path
+    from bench.real_tier import RealServer, sglang_venv  # puts the tier on sys.path
 
     counters = procs.dir / "counters.json"
     env = {"GENFLEET_PLAN_COUNTERS": str(counters), "GENFLEET_PLAN_STEP_S": ",".join(map(str, STEP_S)),

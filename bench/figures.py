@@ -9,6 +9,7 @@ from statistics import median
 
 from bench import target_notes
 from bench.scaling import Scaling
+from bench.target_notes import ThroughputMedians
 from bench.throughput import SLOTS, Comparison
 
 MB = 1e6
@@ -47,44 +48,6 @@ def format_ratio(v: float) -> str:
 
 def format_percent(v: float) -> str:
     return f"{100 * v:.1f}%"
-
-
-@dataclass(frozen=True)
-class ThroughputMedians:
-    """Medians over the throughput runs, quoted by the figures' details and the notes."""
-
-    genfleet_tok_s: float
-    baseline_tok_s: float
-    genfleet_occupancies: list[float]  # one per run: a figure of its own
-    baseline_occupancy: float
-    genfleet_cpu_us_per_token: float
-    baseline_cpu_us_per_token: float
-    genfleet_task_cpu_ms: float
-    tokens_per_prompt: float
-    completions_per_s: float
-    peak_running: int  # the lowest of the runs' peaks
-    knee: float
-
-    @classmethod
-    def of(cls, runs: list[Comparison]) -> ThroughputMedians:
-        return cls(
-            genfleet_tok_s=median([c.genfleet.tokens_per_s for c in runs]),
-            baseline_tok_s=median([c.baseline.tokens_per_s for c in runs]),
-            genfleet_occupancies=[c.genfleet.occupancy or 0.0 for c in runs],
-            baseline_occupancy=median([c.baseline.occupancy or 0.0 for c in runs]),
-            genfleet_cpu_us_per_token=median([c.genfleet.cpu_us_per_token for c in runs]),
-            baseline_cpu_us_per_token=median([c.baseline.cpu_us_per_token for c in runs]),
-            genfleet_task_cpu_ms=median([1e3 * c.genfleet.client_cpu_s / c.genfleet.prompts for c in runs]),
-            tokens_per_prompt=median([c.genfleet.completion_tokens / c.genfleet.prompts for c in runs]),
-            completions_per_s=median([c.genfleet.window.requests / c.genfleet.window.seconds for c in runs
-                                      if c.genfleet.window]),
-            peak_running=min(c.genfleet.sim_peak_running for c in runs),
-            knee=runs[0].profile.knee,
-        )
-
-    @property
-    def genfleet_occupancy(self) -> float:
-        return median(self.genfleet_occupancies)
 
 
 def throughput_figures(runs: list[Comparison]) -> tuple[list[Figure], list[Figure]]:

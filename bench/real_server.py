@@ -43,18 +43,10 @@ import redis
 from bench import admission
 from bench.processes import REPO, Processes, env_for, genfleet
 from bench.prompts import _words
-
-TIER = REPO / "tests" / "sglang_real"
-for path in (REPO / "tests", TIER):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import model_dir as tier_model  # noqa: E402
-from server import RealServer, sglang_venv  # noqa: E402
+from bench.real_tier import RealServer, finished_prompts, sglang_venv, tier_model, wait_for, write_rows
 
 SLOTS = 150
 BASELINE_SCRIPT = REPO / "bench" / "baseline_client.py"
-RUN_TIMEOUT_S = 900.0
 MEASUREMENTS = ("throughput", "affinity", "loops", "admission")
 
 
@@ -84,11 +76,6 @@ QUICK = replace(FULL, throughput_prompts=60, affinity_prompts=8, affinity_prompt
 
 def _text(rng: random.Random, words: list[str], count: int) -> str:
     return " ".join(rng.choices(words, k=count))
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def throughput_rows(count: int, seed: int = 0) -> list[dict]:
@@ -215,7 +202,7 @@ def run_genfleet(procs: Processes, redis_url: str, hosts: Hosts, model: Path, ru
         started = time.monotonic()
         enqueue = procs.start(f"enqueue-{run}", genfleet("enqueue", "--run", run, "--tokenizer", str(model),
                                                          "--keep-token-ids", *enqueue_args, f"d={rows_path}"), env)
-        _wait(lambda: _finished(client, run) >= total, f"genfleet run {run}", worker, enqueue)
+        wait_for(lambda: finished_prompts(client, run) >= total, f"genfleet run {run}", worker, enqueue)
         ended = time.monotonic()
     after = hosts.counters()
     procs.stop(worker)
@@ -232,7 +219,7 @@ def run_baseline(procs: Processes, hosts: Hosts, model: Path, rows_path: Path, m
         child = procs.start("baseline", [sys.executable, str(BASELINE_SCRIPT), "--url", hosts.urls[0], "--tokenizer",
                                          str(model), "--prompts", str(rows_path), "--out", str(out),
                                          "--concurrency", str(SLOTS), "--max-new-tokens", str(max_new_tokens)])
-        _wait(lambda: child.process.poll() is not None, "baseline", None, None)
+        wait_for(lambda: child.process.poll() is not None, "baseline", None, None)
         ended = time.monotonic()
     if child.process.returncode != 0:
         raise RuntimeError(f"baseline failed:\n{child.tail()}")
@@ -251,25 +238,6 @@ def _side(records: list[dict], wall_s: float, mean_running: float, before: dict,
             "cached_tokens": sum(r["usage"].get("cached_tokens") or 0 for r in records),
             "server": {name: after.get(name, 0) - before.get(name, 0) for name in after},
             "texts": {r["id"]: (r.get("reasoning"), r.get("content"), r.get("finish_reason")) for r in records}}
-
-
-def _finished(client: redis.Redis, run: str) -> int:
-    from genfleet.status.read_model import read_progress
-
-    totals = read_progress(client, run).totals()
-    return totals.done + totals.failed
-
-
-def _wait(done: Callable[[], bool], what: str, worker, enqueue) -> None:
-    started = time.monotonic()
-    while not done():
-        if time.monotonic() - started > RUN_TIMEOUT_S:
-            raise TimeoutError(f"{what} not finished after {RUN_TIMEOUT_S:.0f} s")
-        if worker is not None and not worker.alive():
-            raise RuntimeError(f"{what}: worker exited:\n{worker.tail()}")
-        if enqueue is not None and enqueue.process.poll() not in (None, 0):
-            raise RuntimeError(f"{what}: enqueue failed:\n{enqueue.tail()}")
-        time.sleep(0.1)
 
 
 def _public(side: dict) -> dict:

@@ -4,13 +4,49 @@ when the bench was written."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from statistics import median
 
-from bench.throughput import SLOTS
+from bench.throughput import SLOTS, Comparison
 from genfleet.common.settings import Settings
 
-if TYPE_CHECKING:  # bench.figures imports this module
-    from bench.figures import ThroughputMedians
+
+@dataclass(frozen=True)
+class ThroughputMedians:
+    """Medians over the throughput runs, quoted by the figures' details and the notes."""
+
+    genfleet_tok_s: float
+    baseline_tok_s: float
+    genfleet_occupancies: list[float]  # one per run: a figure of its own
+    baseline_occupancy: float
+    genfleet_cpu_us_per_token: float
+    baseline_cpu_us_per_token: float
+    genfleet_task_cpu_ms: float
+    tokens_per_prompt: float
+    completions_per_s: float
+    peak_running: int  # the lowest of the runs' peaks
+    knee: float
+
+    @classmethod
+    def of(cls, runs: list[Comparison]) -> ThroughputMedians:
+        return cls(
+            genfleet_tok_s=median([c.genfleet.tokens_per_s for c in runs]),
+            baseline_tok_s=median([c.baseline.tokens_per_s for c in runs]),
+            genfleet_occupancies=[c.genfleet.occupancy or 0.0 for c in runs],
+            baseline_occupancy=median([c.baseline.occupancy or 0.0 for c in runs]),
+            genfleet_cpu_us_per_token=median([c.genfleet.cpu_us_per_token for c in runs]),
+            baseline_cpu_us_per_token=median([c.baseline.cpu_us_per_token for c in runs]),
+            genfleet_task_cpu_ms=median([1e3 * c.genfleet.client_cpu_s / c.genfleet.prompts for c in runs]),
+            tokens_per_prompt=median([c.genfleet.completion_tokens / c.genfleet.prompts for c in runs]),
+            completions_per_s=median([c.genfleet.window.requests / c.genfleet.window.seconds for c in runs
+                                      if c.genfleet.window]),
+            peak_running=min(c.genfleet.sim_peak_running for c in runs),
+            knee=runs[0].profile.knee,
+        )
+
+    @property
+    def genfleet_occupancy(self) -> float:
+        return median(self.genfleet_occupancies)
 
 
 def _served_share(occupancy: float, knee: float) -> float:

@@ -100,3 +100,27 @@ def test_every_test_file_name_is_unique_across_the_tiers():
     for path in (REPO / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert not {name: paths for name, paths in names.items() if len(paths) > 1}
+
+
+def test_no_two_benchmark_modules_import_each_other():
+    """A cycle between bench modules (once `admission` ↔ `real_server`, `figures` ↔ `target_notes`)
+    means a concept split across them: what both need gets its own module."""
+    def bench_imports(module: Module) -> set[str]:
+        found = set()
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                found |= {f"bench.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench."):
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("bench.")}
+        return found
+
+    graph = {f"bench.{module.path.stem}": bench_imports(module) for module in modules("bench")}
+    assert graph["bench.real_server"] >= {"bench.admission", "bench.real_tier"}  # the walk sees imports
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(step == goal or (step not in seen and reaches(step, goal, seen | {step}))
+                   for step in graph.get(start, ()))
+
+    assert not [name for name in graph if reaches(name, name, {name})]
