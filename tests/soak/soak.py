@@ -28,6 +28,7 @@ for the full disk (a tmpfs); elsewhere that fault is left out and the summary sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -96,6 +97,9 @@ class Soak:
         self.hosts: list[SimProcess] = []
         self.host_logs: list[Path] = []
         self.aof_sizes: list[tuple[float, int]] = []  # (monotonic, bytes of the AOF's incr file)
+        self.last_heal = time.monotonic()
+        self.finished_at: float | None = None  # when the run was first seen finished (monotonic)
+        self._finish_checked_at = 0.0
 
     # -- the fleet ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -139,16 +143,18 @@ class Soak:
             kind = self.random.choice(self.kinds)
             fault = Fault(kind, round(time.monotonic() - started, 1))
             FAULTS[kind](self, fault)
+            self.last_heal = time.monotonic()
             self.faults.append(fault)
             bound = "from the records" if fault.bound < 0 else fault.bound
             print(f"  {fault.at:7.1f} s  {fault.kind:<19} {fault.detail}  (bound {bound})", flush=True)
-        healed = time.monotonic()
+        finish_s: float | None = None
         try:
-            self.fleet.wait_finished(RUN, timeout=FINISH_AFTER_HEAL_S)
-            finish_s = time.monotonic() - healed
+            if self.finished_at is None:
+                self.fleet.wait_finished(RUN, timeout=max(self.last_heal + FINISH_AFTER_HEAL_S - time.monotonic(), 1))
+                self.finished_at = time.monotonic()
+            finish_s = self.finished_at - self.last_heal  # negative: done before the faults ended
         except AssertionError as error:
             print(f"not finished {FINISH_AFTER_HEAL_S:g} s after the last heal: {error}", flush=True)
-            finish_s = None
         # Every copy of every message ended: a second copy still streaming would write later.
         wait_until(lambda: self.judge_redis.hlen("unacked") == 0 and all(h.stats()["running"] == 0 for h in self.hosts),
                    timeout=60, message="copies still running after the run finished")
@@ -176,11 +182,20 @@ class Soak:
         return arguments
 
     def _sleep(self, seconds: float) -> None:
-        """Sleeps, sampling the AOF's size (for the cut of its last second)."""
+        """Sleeps, sampling the AOF's size (for the cut of its last second) and watching for the run's end."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             self._sample_aof()
+            self._note_finish()
             time.sleep(min(left, 0.2))
+
+    def _note_finish(self) -> None:
+        if self.finished_at is None and time.monotonic() - self._finish_checked_at >= 1.0:
+            self._finish_checked_at = time.monotonic()
+            with contextlib.suppress(redis.RedisError):
+                progress = self.fleet.progress(RUN)
+                if progress.datasets and progress.finished:
+                    self.finished_at = time.monotonic()
 
     def _sample_aof(self) -> None:
         incr = _incr_file(self.redis.directory)
@@ -255,7 +270,8 @@ class Soak:
         print(f"soak seed={self.seed} minutes={self.minutes:g}: {verdict}; {len(self.faults)} faults; "
               f"{len(ids)}/{len(expected)} prompts; generations beyond one {extra} (bound {bound}); "
               f"records written twice {twice}; dead letters {len(dead)}; finished "
-              f"{'never' if finish_s is None else f'{finish_s:.0f} s'} after the last heal"
+              + ("never" if finish_s is None else f"{abs(finish_s):.0f} s {'after' if finish_s >= 0 else 'before'}")
+              + " the last heal"
               + ("" if self.tmpfs else "; disk-full left out (no tmpfs: needs root)"), flush=True)
         return 0 if all(checks.values()) else 1
 
