@@ -290,11 +290,10 @@ class LeaseKeeper:
             return
         with self._lock:
             if delivery in self._held:
-                self._held.remove(delivery)
                 self._released[delivery] = (time.monotonic(), acked and not delivery.superseded.is_set())
+        self._forget(delivery)
         if self.current() is delivery:
             self._current.delivery = None
-        delivery.ended.set()
 
     def renew(self) -> None:
         started = time.monotonic()
@@ -331,6 +330,7 @@ class LeaseKeeper:
             log.warning("message %s (task %s) %s: this copy stops", delivery.tag, delivery.task_id, why)
 
     def _forget(self, delivery: Delivery) -> None:
+        """No longer held here: not renewed, and any copy waiting for it (`await_turn`) may start."""
         with self._lock:
             if delivery in self._held:
                 self._held.remove(delivery)
