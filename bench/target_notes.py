@@ -108,7 +108,7 @@ def cpu_note(m: ThroughputMedians) -> str:
         f"each step of the task, 1,000 prompts, 2026-12-01, before the streams moved to `http.client`): the "
         f"stream ~3.2 ms a task, Celery's event loop (fetch, ack, events) ~1.5-2 ms, the done mark ~0.3 ms, "
         f"routing ~0.3 ms, the record and its write ~0.2 ms. The streams over `http.client` "
-        f"(`workers/generation/stream_http.py`) took ~1.2 ms a task off. What is left to take: fewer chunks per "
+        f"(`workers/servers/transport.py`) took ~1.2 ms a task off. What is left to take: fewer chunks per "
         f"token (a `stream_interval` of 64), or streams off OS threads (one event loop reading all 150 "
         f"sockets: a different worker); the ratio also falls with longer completions, which spread the "
         f"per-task cost over more tokens."

@@ -73,10 +73,10 @@ def prompt(vocab) -> list[int]:
 
 
 @pytest.fixture
-def sglang_client():
-    """The workers' SGLang client, closed after the test."""
-    from genfleet.workers.generation.client import SglangClient
+def sglang_server():
+    """The workers' SGLang server seam (`workers/servers/sglang.py`), closed after the test."""
+    from genfleet.workers.servers.sglang import SglangServer
 
-    client = SglangClient(max_connections=16, connect_timeout_s=5, stall_timeout_s=30)
-    yield client
-    client.close()
+    server = SglangServer(max_connections=16, connect_timeout_s=5, stall_timeout_s=30)
+    yield server
+    server.close()

@@ -289,31 +289,15 @@ _FORGET_AFTER_S = 86400.0
 
 @dataclass(frozen=True)
 class ServerLoad:
-    """One reading of a host's `/v1/loads` (SGLang 0.5.23 `entrypoints/v1_loads.py`), summed over
-    its data-parallel ranks: what `--in-flight auto` steers by (workers/admission.py), and what the
-    beacon carries to `status`."""
+    """One reading of a host's load, summed over its data-parallel ranks (each server kind reads its
+    own page into it: workers/servers/): what `--in-flight auto` steers by (workers/admission.py),
+    and what the beacon carries to `status`."""
     running: int
     waiting: int
     token_usage: float
     retracted: int
     gen_throughput: float
     max_total_tokens: int | None = None
-
-    @classmethod
-    def from_loads(cls, body: dict[str, Any]) -> ServerLoad:
-        loads = body["loads"]
-        if not isinstance(loads, list) or not loads:
-            raise ValueError("no loads in the answer")
-        usage = [float(load.get("token_usage") or 0.0) for load in loads]
-        capacity = [load.get("max_total_num_tokens") for load in loads]
-        return cls(
-            running=sum(int(load["num_running_reqs"]) for load in loads),
-            waiting=sum(int(load["num_waiting_reqs"]) for load in loads),
-            token_usage=max(usage),
-            retracted=sum(int((load.get("queues") or {}).get("retracted") or 0) for load in loads),
-            gen_throughput=sum(float(load.get("gen_throughput") or 0.0) for load in loads),
-            max_total_tokens=sum(capacity) if all(isinstance(c, int) for c in capacity) else None,
-        )
 
     def wanted_waiting(self) -> int:
         return wanted_waiting(self.running)

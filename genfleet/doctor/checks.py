@@ -16,14 +16,8 @@ Memory is planned from the measured cost of a queued prompt, 1,385 B + 13.9 B pe
 `used_memory` (docs/scaling.md), times each queue's depth: the producer keeps a queue at most
 `--max-queue-depth` deep and streams the rest, so that is what Redis must hold besides what it holds.
 
-Each SGLang upstream as it describes itself: healthy (`GET /health`), the model it serves
-(`/model_info`, read by the workers' own `ServerInfo`), and from `/server_info` (`/get_server_info`
-on older servers) its reasoning parser, stream mode, `stream_interval` and context length.
-
-SGLang 0.5.23 `entrypoints/http_server.py::server_info` returns `server_args.resolved_dict()` flat
-(`utils/common.py::build_server_info`), so `reasoning_parser`, `incremental_streaming_output`,
-`stream_interval` and `context_length` are top-level keys; `context_length` is None unless the
-server was started with it, and then `/v1/models` says `max_model_len`.
+Each upstream as it describes itself, read by the workers' own seam (`workers/servers/`): healthy,
+the model it serves, its reasoning parser, stream mode, `stream_interval`, context length and load.
 
 The tokenizer and its chat template, against the reasoning parser the workers split with.
 
@@ -36,9 +30,8 @@ it appends to a one-line conversation; the test generation (`generation_check`) 
 model does with it.
 
 A test generation through each upstream, sent and split as a worker would: the probe prompt's
-ids from the chat template (`template_checks.probe_template`), `workers/generation/client.py`'s body
-with a few `max_new_tokens`, streamed by the workers' `SglangClient` and split by their
-`CompletionSplitter` with the configured parser and the tokenizer.
+ids from the chat template (`probe_template`), a few `max_new_tokens`, streamed by the workers'
+server seam and split by their `CompletionSplitter` with the configured parser and the tokenizer.
 
 It shows what no setting can: that the tokenizer is the server's model's (its ids decode to the
 server's text, else `IntegrityError`, as a worker would fail every prompt), and that reasoning comes
@@ -58,24 +51,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
 
 from genfleet.common import redis_clock
 from genfleet.common.fleet_stats import ServerLoad
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import ReasoningFormat
-from genfleet.common.records import TaskPayload
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, printable_url
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
 from genfleet.doctor.plan import Preflight, TemplateVariant
-from genfleet.workers.admission import LOADS_PATH
 from genfleet.workers.errors import GenerationError, IntegrityError
-from genfleet.workers.generation.client import SglangClient, StreamMode, generate_body
-from genfleet.workers.generation.split import CompletionSplitter
+from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.output import DiskGuard
+from genfleet.workers.servers.api import GenerationRequest, ServerApi, ServerDescription
 
 
 class Status(str, Enum):
@@ -267,68 +257,50 @@ HEALTH_TIMEOUT_S = 5.0
 @dataclass(frozen=True)
 class Upstream:
     url: str
-    model: str
-    info: dict[str, Any] | None  # /server_info; None where the server has none
-    context_length: int | None
-    load: ServerLoad | None = None  # /v1/loads; None where the server has none
+    description: ServerDescription
+    load: ServerLoad | None = None  # None where the server reports none
 
 
-def upstream_check(client: SglangClient, url: str, settings: Settings,
+def upstream_check(server: ServerApi, url: str, settings: Settings,
                    run_context_length: int | None) -> tuple[Upstream | None, Check]:
     """The upstream (None when it is not healthy) and its row."""
     name = f"upstream {url}"
-    try:
-        health = client.http.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S)
-    except httpx.HTTPError as error:
-        return None, fail(name, f"unreachable: {error or type(error).__name__}",
-                          "start the SGLang server there, or fix --upstream")
-    if health.status_code != 200:
-        return None, fail(name, f"GET /health answered {health.status_code}",
-                          "wait for the server to finish loading, or restart it")
-    # The workers' own reader (`/server_info`, else the older `/get_server_info`); {} or None: not said.
-    info = client.servers.ask_server_info(url) or None
-    upstream = Upstream(url, client.model_name(url), info, _context_length(client.http, url, info),
-                        _load(client.http, url))
-    return upstream, _judge(name, upstream, settings, run_context_length)
+    health = server.health(url, timeout_s=HEALTH_TIMEOUT_S)
+    if not health.reachable:
+        return None, fail(name, health.detail, "start the SGLang server there, or fix --upstream")
+    if not health.ready:
+        return None, fail(name, health.detail, "wait for the server to finish loading, or restart it")
+    # The workers' own readers: what the server says about itself, and its load.
+    upstream = Upstream(url, server.describe(url), server.read_load(url).load)
+    return upstream, _judge(name, upstream, settings, run_context_length, server.load_source)
 
 
-def _load(http: httpx.Client, url: str) -> ServerLoad | None:
-    """The server's `/v1/loads` (SGLang 0.5.23 `entrypoints/v1_loads.py`): what `--in-flight auto`
-    steers by, and the KV capacity that bounds how many requests it admits."""
-    try:
-        response = http.get(f"{url}{LOADS_PATH}", timeout=HEALTH_TIMEOUT_S)
-        response.raise_for_status()
-        return ServerLoad.from_loads(response.json())
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length: int | None) -> Check:
-    info = upstream.info or {}
-    mode = StreamMode.from_server_info(info)
-    stream = ("not reported" if mode.incremental is None else
-              "incremental" if mode.incremental else "cumulative")
-    server_parser = info.get("reasoning_parser")
-    context = f"{upstream.context_length:,}" if upstream.context_length else "unknown"
-    detail = (f"healthy; model {upstream.model}; reasoning parser {server_parser or 'none'}; stream {stream}, "
-              f"stream_interval {mode.stream_interval or '?'} (requests ask {settings.stream_interval}); "
-              f"context {context}; {_load_detail(upstream.load)}")
+def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length: int | None,
+           load_source: str) -> Check:
+    info = upstream.description
+    stream = ("not reported" if info.incremental is None else
+              "incremental" if info.incremental else "cumulative")
+    server_parser = info.reasoning_parser
+    context = f"{info.context_length:,}" if info.context_length else "unknown"
+    detail = (f"healthy; model {info.model.name}; reasoning parser {server_parser or 'none'}; stream {stream}, "
+              f"stream_interval {info.stream_interval or '?'} (requests ask {settings.stream_interval}); "
+              f"context {context}; {_load_detail(upstream.load, load_source)}")
     findings: list[tuple[Status, str, str]] = []
     if upstream.load is None and settings.in_flight_mode == "auto":
-        findings.append((Status.WARN, f"no {LOADS_PATH}: --in-flight auto keeps the fixed count on this host",
+        findings.append((Status.WARN, f"no {load_source}: --in-flight auto keeps the fixed count on this host",
                          "run SGLang 0.5.23 or later, or send workers to the server itself rather than a router"))
-    if run_context_length and upstream.context_length and run_context_length > upstream.context_length:
+    if run_context_length and info.context_length and run_context_length > info.context_length:
         findings.append((Status.FAIL, f"the run's context_length {run_context_length:,} is above the server's",
                          "lower context_length in the run file (or --context-length) to the server's"))
     if server_parser and server_parser != settings.reasoning_parser:
-        # Over /v1/chat/completions the server splits, so its parser is the one that counts.
+        # Over the chat API the server splits, so its parser is the one that counts.
         status = Status.FAIL if settings.api == "chat" else Status.WARN
         findings.append((status, f"the server's reasoning parser is {server_parser}, genfleet splits with "
                                  f"{settings.reasoning_parser}",
                          f"GENFLEET_REASONING_PARSER={server_parser} if that is the model's parser"))
-    if mode.incremental is None:
-        findings.append((Status.WARN, "no stream mode in /server_info: workers infer it from the chunks",
-                         "run a server that answers /server_info (SGLang 0.5.23 does)"))
+    if info.incremental is None:
+        findings.append((Status.WARN, "no stream mode reported: workers infer it from the chunks",
+                         "run a server that reports its settings (SGLang 0.5.23's /server_info does)"))
     if not findings:
         return ok(name, detail)
     status = Status.FAIL if any(s is Status.FAIL for s, _, _ in findings) else Status.WARN
@@ -336,22 +308,12 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
     return Check(name, status, "; ".join([detail, *(text for _, text, _ in worst)]), worst[0][2])
 
 
-def _load_detail(load: ServerLoad | None) -> str:
+def _load_detail(load: ServerLoad | None, load_source: str) -> str:
     if load is None:
-        return f"no {LOADS_PATH} (--in-flight auto stays fixed)"
+        return f"no {load_source} (--in-flight auto stays fixed)"
     capacity = f" of {load.max_total_tokens:,} tokens" if load.max_total_tokens else ""
     return (f"load {load.running} running, {load.waiting} waiting, KV {load.token_usage:.0%}{capacity}"
             + (" (admission-bound: the caps reserve the KV cache)" if load.admission_bound() else ""))
-
-
-def _context_length(http: httpx.Client, url: str, info: dict[str, Any] | None) -> int | None:
-    if info and isinstance(info.get("context_length"), int):
-        return info["context_length"]
-    try:
-        cards = http.get(f"{url}/v1/models", timeout=HEALTH_TIMEOUT_S).json()["data"]
-        return int(cards[0]["max_model_len"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
 
 
 PROBE_MESSAGES = [{"role": "user", "content": "What is 2 + 2? Answer in one word."}]
@@ -447,19 +409,17 @@ PROBE_MAX_NEW_TOKENS = 64
 PROBE_DEADLINE_S = 60.0
 
 
-def generation_check(client: SglangClient, url: str, model: str, tokenizer: Any, probe: TemplateProbe,
+def generation_check(server: ServerApi, url: str, model: str, tokenizer: Any, probe: TemplateProbe,
                      settings: Settings, fmt: ReasoningFormat | None) -> Check:
     name = f"test generation {url}{variant_label(probe.variant)}"
-    payload = TaskPayload(run="doctor", id="doctor/0", dataset="doctor", row=0, partition="short",
-                          prompt_tokens=len(probe.input_ids), max_new_tokens=PROBE_MAX_NEW_TOKENS,
-                          messages=PROBE_MESSAGES, input_ids=probe.input_ids,
-                          chat_template_kwargs=probe.variant.kwargs)
-    body = generate_body(payload, probe.input_ids, skip_special_tokens=settings.skip_special_tokens,
-                         stream_interval=settings.stream_interval)
+    request = GenerationRequest(max_new_tokens=PROBE_MAX_NEW_TOKENS, sampling={}, input_ids=probe.input_ids,
+                                chat_template_kwargs=probe.variant.kwargs,
+                                skip_special_tokens=settings.skip_special_tokens,
+                                stream_interval=settings.stream_interval)
     try:
-        generation = client.generate(url, body, deadline=time.monotonic() + PROBE_DEADLINE_S)
+        generation = server.generate(url, request, deadline=time.monotonic() + PROBE_DEADLINE_S)
     except GenerationError as error:
-        return fail(name, f"POST /generate failed: {error}", "see the server's log; retry once it answers")
+        return fail(name, f"the test generation failed: {error}", "see the server's log; retry once it answers")
     mismatch = f"not the tokenizer of the server's model ({model})"
     if generation.prompt_tokens != len(probe.input_ids):
         return fail(name, f"the server counted {generation.prompt_tokens} prompt tokens for "
@@ -475,7 +435,7 @@ def generation_check(client: SglangClient, url: str, model: str, tokenizer: Any,
     except IntegrityError as error:
         return fail(name, f"{error}: {mismatch}", MODEL_TOKENIZER_FIX)
     split = splitter.split(generation, probe.variant.kwargs)
-    seen = (f"{generation.completion_tokens} tokens ({generation.finish_reason.get('type')}): reasoning "
+    seen = (f"{generation.completion_tokens} tokens ({generation.finish}): reasoning "
             f"{len(split.reasoning)} chars{', closed' if split.closed else ''}, content {len(split.content)} chars")
     if fmt is None or not probe.expects_reasoning:
         return ok(name, f"{seen}; no reasoning expected")
@@ -488,7 +448,7 @@ def generation_check(client: SglangClient, url: str, model: str, tokenizer: Any,
     if not split.reasoning.strip():
         return fail(name, f"{seen}: empty reasoning with parser {fmt.name}",
                     "use the model's own chat template and its --reasoning-parser (GENFLEET_REASONING_PARSER)")
-    if not split.closed and generation.finish_reason.get("type") == "stop":
+    if not split.closed and generation.finish == "stop":
         return warn(name, f"{seen}: the model stopped without closing its reasoning ({fmt.end})",
                     f"check that {fmt.name} is this model's reasoning parser")
     return ok(name, f"{seen}; reasoning opened by {opened_by}")

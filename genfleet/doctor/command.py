@@ -39,7 +39,7 @@ from genfleet.producer.run_config import (
     RunFileError,
 )
 from genfleet.workers.command import usage_error
-from genfleet.workers.generation.client import SglangClient
+from genfleet.workers.servers.sglang import SglangServer
 
 # Stands in for the datasets when the run file names none, so `resolve` still merges the run file's
 # chat template kwargs and `thinking` exactly as it would for a dataset. Never read.
@@ -65,7 +65,7 @@ def run_checks(preflight: Preflight) -> list[Check]:
         checks.append(template_check(probes[-1], fmt))
     if not settings.upstreams:
         return [*checks, fail("upstreams", "none given", "pass --upstream URL (once per host) or GENFLEET_UPSTREAMS")]
-    sglang = SglangClient(max_connections=4, connect_timeout_s=min(settings.connect_timeout_s, TIMEOUT_S),
+    sglang = SglangServer(max_connections=4, connect_timeout_s=min(settings.connect_timeout_s, TIMEOUT_S),
                           stall_timeout_s=30.0)
     try:
         for url in settings.upstreams:
@@ -73,7 +73,8 @@ def run_checks(preflight: Preflight) -> list[Check]:
             checks.append(row)
             if upstream is not None:
                 for probe in probes:
-                    checks.append(generation_check(sglang, url, upstream.model, tokenizer, probe, settings, fmt))
+                    checks.append(generation_check(sglang, url, upstream.description.model.name, tokenizer, probe,
+                                                   settings, fmt))
     finally:
         sglang.close()
     return checks

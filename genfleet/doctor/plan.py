@@ -15,7 +15,7 @@ from genfleet.common.queues import LONG, SHORT
 from genfleet.common.reasoning import UnknownParserError, get_format
 from genfleet.common.settings import Settings, settings_with
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, RunFile, load_run_file, resolve
-from genfleet.workers.generation.stream_http import upstream_problem
+from genfleet.workers.servers.transport import upstream_problem
 
 _NO_DATASET = DatasetSpec("doctor", Path("-"))
 

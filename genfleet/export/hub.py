@@ -6,7 +6,7 @@ manifest (`exporter.py`, the one owner of the numbers), so card and manifest nev
 What the export cannot know is said so, never guessed. The model is named as the workers recorded it
 from the server: its name (`/model_info` `served_model_name`, else `model_path`), the revision it was
 launched with (`/server_info` `revision`) and its weight version (`/model_info` `weight_version`; SGLang
-0.5.23 `entrypoints/http_server.py`, through workers/generation/client.py into the record's
+0.5.23 `entrypoints/http_server.py`, through workers/servers/ into the record's
 `model_revision`), from the manifest's `models` per dataset. A server launched without `--revision`
 reports null: "not reported by the server (revision null)"; SGLang's weight version is "default" unless
 set. A number the export could not know (no Redis: `--no-reconcile`) reads "—".

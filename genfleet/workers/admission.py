@@ -58,14 +58,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-import httpx
-
 from genfleet.common.fleet_stats import ServerLoad
+from genfleet.workers.servers.api import LoadProblem, ServerApi
 from genfleet.workers.upstreams import UpstreamPool
 
 log = logging.getLogger(__name__)
 
-LOADS_PATH = "/v1/loads"
 RAISE_FACTOR = 1.25
 # Nothing waiting and the KV cache less than this full: raise by ROOMY_RAISE_FACTOR instead.
 ROOMY_USAGE = 0.5
@@ -151,15 +149,16 @@ class AdmissionControl:
     each host keeps its fixed share: the readings still show when a host is admission-bound, which
     is what tells an operator on the defaults to try the other modes."""
 
-    def __init__(self, pool: UpstreamPool, *, ceiling: int, interval_s: float, steer: bool, start: int) -> None:
+    def __init__(self, pool: UpstreamPool, server: ServerApi, *, ceiling: int, interval_s: float, steer: bool,
+                 start: int) -> None:
         self.pool = pool
+        self.server = server
         self.ceiling = ceiling
         self.interval_s = interval_s
         self.start = min(start, ceiling) if steer else ceiling
         mode = "auto" if steer else "fixed"
         self.hosts = {url: HostAdmission(target=self.start, mode=mode) for url in pool.urls}
-        self._unreadable: set[str] = set()  # hosts without /v1/loads, said once
-        self._http = httpx.Client(timeout=httpx.Timeout(5.0))
+        self._unreadable: set[str] = set()  # hosts that report no load, said once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="admission", daemon=True)
         self._lock = threading.Lock()
@@ -171,7 +170,6 @@ class AdmissionControl:
 
     def stop(self) -> None:
         self._stop.set()
-        self._http.close()
 
     def snapshot(self) -> dict[str, HostAdmission]:
         with self._lock:
@@ -203,30 +201,26 @@ class AdmissionControl:
             self.pool.set_cap(url, streams(host.target))
 
     def _read(self, url: str, host: HostAdmission) -> ServerLoad | None:
-        try:
-            response = self._http.get(f"{url}{LOADS_PATH}")
-        except httpx.HTTPError:
+        reading = self.server.read_load(url)
+        if reading.problem is LoadProblem.UNANSWERED:
             return None  # the breaker and the probes judge the host; keep the last target
-        if response.status_code in (404, 405):
+        if reading.problem is LoadProblem.ABSENT:
             if host.mode == "auto":
-                self._fix(url, host, f"it has no {LOADS_PATH} (an older SGLang, or a router in front)")
+                self._fix(url, host, reading.detail)
             elif url not in self._unreadable:
-                log.info("%s has no %s: its load is not shown", url, LOADS_PATH)
+                log.info("%s: %s: its load is not shown", url, reading.detail)
             self._unreadable.add(url)
             return None
-        try:
-            response.raise_for_status()
-            load = ServerLoad.from_loads(response.json())
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+        if reading.problem is LoadProblem.UNREADABLE:
             # An answer, but not a load (an error page, another schema): counted, unlike a host
             # that did not answer at all (the breaker and the probes judge that).
-            log.debug("%s %s unreadable: %s", url, LOADS_PATH, error)
+            log.debug("%s: %s", url, reading.detail)
             host.unreadable += 1
             if host.mode == "auto" and host.unreadable >= UNREADABLE_READINGS:
-                self._fix(url, host, f"its {LOADS_PATH} gave no load {UNREADABLE_READINGS} times in a row")
+                self._fix(url, host, f"its {self.server.load_source} gave no load {UNREADABLE_READINGS} times in a row")
             return None
         host.unreadable = 0
-        return load
+        return reading.load
 
     def _fix(self, url: str, host: HostAdmission, why: str) -> None:
         """A host `auto` cannot steer by: its fixed share from now on, said once."""

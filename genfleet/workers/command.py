@@ -14,7 +14,7 @@ from genfleet.common.queues import PARTITIONS
 from genfleet.common.records import InFlight, choices
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.settings import flower_auth_problem, settings_with
-from genfleet.workers.generation.stream_http import upstream_problem
+from genfleet.workers.servers.transport import upstream_problem
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
 FLOWER_RUNTIME_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 2700, 3600)

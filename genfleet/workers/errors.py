@@ -92,7 +92,7 @@ class NoFreeSlot(WorkerError):
         self.healthy = healthy
 
 
-# -- raised by the transport (workers/generation/stream_http.py), the routing (workers/upstreams.py), the
+# -- raised by the transport (workers/servers/transport.py), the routing (workers/upstreams.py), the
 # budget check (workers/generation/replies.py) and the shard writer (workers/output.py)
 
 

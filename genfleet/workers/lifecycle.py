@@ -141,7 +141,7 @@ def connect_signals(runtime: WorkerRuntime) -> None:
 
     def stop_streams() -> None:
         runtime.shutdown.set()
-        runtime.client.interrupt_streams()  # a silent stream (a long prefill) is cut at once
+        runtime.server.interrupt_streams()  # a silent stream (a long prefill) is cut at once
 
     def close(**_: Any) -> None:
         for each in beacon:

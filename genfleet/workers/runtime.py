@@ -20,24 +20,27 @@ from genfleet.common.settings import Settings
 from genfleet.common.tokenizer import load_tokenizer
 from genfleet.workers.admission import AdmissionControl
 from genfleet.workers.delivery import Blackout, LeaseKeeper, Reaper
-from genfleet.workers.generation.client import SglangClient
 from genfleet.workers.generation.first_cap import FirstCaps
-from genfleet.workers.generation.split import CompletionSplitter
+from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.output import DiskGuard, ShardSet
+from genfleet.workers.servers.api import ServerApi
+from genfleet.workers.servers.sglang import SglangServer
 from genfleet.workers.upstreams import UpstreamPool
 
 # Threads beyond the in-flight cap: while one thread fsyncs its record, acks and fetches the next
 # task, a spare one already holds the next stream, so the server's slots never sit empty.
 SPARE_THREADS = 16
-# Connections beyond the threads: health probes and /server_info share the client.
+# Connections beyond the threads: health probes and the server's pages share the client.
 SPARE_CONNECTIONS = 16
+# A health probe waits this long: a busy server may answer slowly, and a probe is not on any task's path.
+HEALTH_TIMEOUT_S = 20.0
 
 
 @dataclass
 class WorkerRuntime:
     settings: Settings
     name: str
-    client: SglangClient
+    server: ServerApi
     upstreams: UpstreamPool
     shards: ShardSet
     tokenizer: Any | None
@@ -56,19 +59,20 @@ class WorkerRuntime:
     @classmethod
     def build(cls, settings: Settings) -> WorkerRuntime:
         in_flight = settings.in_flight()
-        client = SglangClient(max_connections=in_flight + SPARE_THREADS + SPARE_CONNECTIONS,
+        server = SglangServer(max_connections=in_flight + SPARE_THREADS + SPARE_CONNECTIONS,
                               connect_timeout_s=settings.connect_timeout_s, stall_timeout_s=settings.stall_timeout_s)
         upstreams = UpstreamPool(settings.upstreams, per_upstream_cap=per_upstream_cap(settings),
+                                 healthy=lambda url: server.health(url, timeout_s=HEALTH_TIMEOUT_S).ready,
                                  failure_threshold=settings.breaker_failures, open_s=settings.breaker_open_s,
                                  probe_interval_s=settings.health_interval_s, routing=settings.routing)
         # A host whose breaker closes again may have restarted with other settings.
-        upstreams.on_recovered = client.forget
+        upstreams.on_recovered = server.forget
         name = f"{settings.pool}-{socket.gethostname()}-{os.getpid()}"
         tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
         client_redis = connect(settings.redis_url)
         blackout = Blackout()  # the heartbeat and the reaper of this process share what they saw of Redis
         return cls(
-            settings=settings, name=name, client=client, upstreams=upstreams,
+            settings=settings, name=name, server=server, upstreams=upstreams,
             shards=ShardSet(settings.output_dir, name, max_bytes=settings.shard_max_bytes,
                             commit_interval_s=settings.commit_interval_s, max_age_s=settings.shard_max_age_s),
             tokenizer=tokenizer,
@@ -82,7 +86,7 @@ class WorkerRuntime:
                           unaccounted_interval_s=settings.unaccounted_check_interval_s, blackout=blackout),
             disk=DiskGuard(settings.output_dir, min_free_bytes=settings.min_free_disk_mb * 2**20),
             first_caps=FirstCaps(client_redis, settings),
-            admission=AdmissionControl(upstreams, ceiling=per_upstream_cap(settings),
+            admission=AdmissionControl(upstreams, server, ceiling=per_upstream_cap(settings),
                                        start=IN_FLIGHT_PER_HOST[settings.pool],
                                        interval_s=settings.admission_interval_s,
                                        steer=settings.in_flight_mode == "auto"),
@@ -129,7 +133,7 @@ class WorkerRuntime:
         if self.admission is not None:
             self.admission.stop()
         self.shards.close()
-        self.client.close()
+        self.server.close()
 
 
 def per_upstream_cap(settings: Settings) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from typing import Any, Protocol
 
 from celery import Celery, Task
@@ -16,7 +15,7 @@ from celery import Celery, Task
 from genfleet.common.names import task_problem
 from genfleet.common.queues import GENERATE_TASK
 from genfleet.common.reasoning import get_format, starts_in_reasoning
-from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
+from genfleet.common.records import CompletionRecord, TaskPayload
 from genfleet.common.run_state import Outcome
 from genfleet.workers import telemetry
 from genfleet.workers.broker import NextInLine
@@ -27,9 +26,8 @@ from genfleet.workers.errors import (
     ShardWriteFailed,
 )
 from genfleet.workers.failures import give_back, handle_error
-from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.first_cap import staged
-from genfleet.workers.generation.replies import Continuation, follow_up, generate_turns
+from genfleet.workers.generation.replies import generate_replies
 from genfleet.workers.runtime import WorkerRuntime, leased_request
 
 log = logging.getLogger(__name__)
@@ -102,14 +100,14 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime,
     payload = staged(payload, runtime.first_caps.cap_for(payload), api=runtime.settings.api,
                      exact_text=runtime.tokenizer is not None)
     try:
-        turns, prompt = generate_turns(payload, runtime, deadline)
+        replies = generate_replies(payload, runtime, deadline, started_at)
     except BudgetSpent:
         state.mark_skipped(payload.dataset, payload.row)
         return {"id": payload.id, "skipped": f"dataset token budget of {payload.max_tokens_per_dataset} spent"}
-    generation = turns[-1][1]
-    if (next_part := follow_up(payload, generation, api=runtime.settings.api, started_at=started_at)) is not None:
-        return hand_over(payload, next_part, generation, publish)
-    record = build_record(payload, runtime, turns, prompt, started_at)
+    if replies.next_part is not None:
+        return hand_over(payload, replies.next_part, replies.completion_tokens, publish)
+    record = replies.record
+    assert record is not None  # a completion not handed over has its record
     try:
         runtime.shards.write(payload.run, payload.dataset, record.to_json_line())
     except ShardWriteFailed as error:
@@ -123,13 +121,13 @@ def complete(payload: TaskPayload, runtime: WorkerRuntime,
     return summary(record)
 
 
-def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generation,
+def hand_over(payload: TaskPayload, next_part: TaskPayload, completion_tokens: int,
               publish: Publish) -> dict[str, Any]:
     """Publish the follow-up of a cut completion (continue or regenerate) instead of writing it;
     this message is acked once the follow-up is in Redis. A crash in between publishes it twice:
     both finish the same prompt, which the done bit counts once and export keeps once."""
     kind = "continue" if next_part.continuation is not None else "regenerate"
-    note = (f"part {next_part.continuation['parts'] + 1}, {generation.completion_tokens} tokens so far"
+    note = (f"part {next_part.continuation['parts'] + 1}, {completion_tokens} tokens so far"
             if next_part.continuation is not None else f"regenerated with {next_part.max_new_tokens} new tokens")
     try:
         # The next stage of a staged cap goes next in line (workers/generation/first_cap.py); a
@@ -139,38 +137,7 @@ def hand_over(payload: TaskPayload, next_part: TaskPayload, generation: Generati
         log.warning("could not publish the %s of %s (%s); giving its message back", kind, payload.id, error)
         give_back(f"follow-up not published: {error}")
     return {"id": payload.id, "finish_reason": "length", "then": kind,
-            "completion_tokens": generation.completion_tokens}
-
-
-def build_record(payload: TaskPayload, runtime: WorkerRuntime, turns: list[tuple[Turn, Generation]],
-                 prompt: list[dict], started_at: float) -> CompletionRecord:
-    last, generation = turns[-1]
-    first_token_s = turns[0][1].first_token_s
-    prior = Continuation.of(payload)
-    if prior is not None:
-        started_at = prior.started_at
-    usage = Usage(
-        prompt_tokens=sum(t.usage.prompt_tokens for t, _ in turns) or payload.prompt_tokens,
-        completion_tokens=sum(t.usage.completion_tokens for t, _ in turns),
-        reasoning_tokens=sum(t.usage.reasoning_tokens for t, _ in turns),
-        cached_tokens=sum(t.usage.cached_tokens for t, _ in turns),
-    )
-    model = runtime.client.model_identity(last.upstream)
-    return CompletionRecord(
-        id=payload.id, run=payload.run, dataset=payload.dataset, partition=payload.partition,
-        messages=prompt, reasoning=last.reasoning, content=last.content,
-        finish_reason=last.finish_reason, matched_stop=last.matched_stop, usage=usage,
-        upstream=last.upstream, model=model.name, sampling=payload.sampling,
-        timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at, first_token_s=first_token_s,
-                      duration_s=time.time() - started_at, e2e_latency=generation.e2e_latency),
-        attempts=payload.attempt, worker=runtime.name, output_ids=last.output_ids,
-        turns=[asdict(turn) for turn, _ in turns] if payload.regenerate == "all" else None,
-        row=payload.row,
-        loop=next((turn.loop for turn, _ in turns if turn.loop), None),
-        continued=prior.parts if prior is not None else None,
-        regenerated=True if payload.regenerated else None, sample=payload.sample,
-        model_revision=model.record_field(),
-    )
+            "completion_tokens": completion_tokens}
 
 
 def outcome_of(record: CompletionRecord, parser: str, chat_template_kwargs: dict[str, Any]) -> Outcome:

@@ -33,8 +33,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import httpx
-
 from genfleet.common.records import Routing, choices
 from genfleet.workers.errors import NoFreeSlot, NoUpstreamError, ShutdownRequested
 
@@ -76,8 +74,9 @@ class UpstreamState:
 
 
 class UpstreamPool:
-    def __init__(self, urls: list[str], *, per_upstream_cap: int, failure_threshold: int = 3,
-                 open_s: float = 30.0, probe_interval_s: float = 15.0, routing: str = "affinity") -> None:
+    def __init__(self, urls: list[str], *, per_upstream_cap: int, healthy: Callable[[str], bool],
+                 failure_threshold: int = 3, open_s: float = 30.0, probe_interval_s: float = 15.0,
+                 routing: str = "affinity") -> None:
         if not urls:
             raise NoUpstreamError("no SGLang upstream configured: pass --upstream URL (or GENFLEET_UPSTREAMS)")
         self.states = {url.rstrip("/"): UpstreamState(url.rstrip("/"), cap=per_upstream_cap) for url in urls}
@@ -87,6 +86,7 @@ class UpstreamPool:
         self.failure_threshold = failure_threshold
         self.open_s = open_s
         self.probe_interval_s = probe_interval_s
+        self.healthy_now = healthy  # the server kind's health probe (workers/servers/)
         # Called with a host's URL when its circuit closes again (it may have restarted).
         self.on_recovered: Callable[[str], None] = lambda url: None
         self._cond = threading.Condition()
@@ -189,16 +189,16 @@ class UpstreamPool:
         self._stop.set()
 
     def probe_once(self) -> None:
-        """Half-open: an open circuit past its cool-down closes if `/health` answers 200. Closed
+        """Half-open: an open circuit past its cool-down closes if its health probe passes. Closed
         circuits are probed too, so a dead host is found before traffic is sent to it."""
         for url, state in list(self.states.items()):
             if state.is_open and time.monotonic() < state.open_until:
                 continue
-            ok = _healthy(url)
+            ok = self.healthy_now(url)
             with self._cond:
                 recovered = ok and state.is_open
                 if recovered:
-                    log.warning("circuit closed for %s: /health answered", url)
+                    log.warning("circuit closed for %s: its health probe passed", url)
                     state.open_until, state.consecutive_failures = 0.0, 0
                     self._cond.notify_all()
                 elif not ok:
@@ -269,9 +269,3 @@ class UpstreamPool:
 def _weight(key: bytes, url: str) -> int:
     return int.from_bytes(hashlib.blake2b(key + url.encode(), digest_size=8).digest(), "little")
 
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=20.0).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -179,7 +179,9 @@ def test_genfleet_version_prints_the_version_pyproject_declares(installed: Insta
 
 def test_show_completion_prints_the_script_for_the_shell_it_runs_in(installed: Installed) -> None:
     # typer detects the shell from the parent processes (shellingham): run it from bash, as a user would.
-    result = installed.run("bash", "-c", "genfleet --show-completion")
+    # `; exit $?` keeps bash as its parent: bash execs a lone command in place, which left the test's
+    # own ancestors to find a shell in (none when pytest runs detached, under init).
+    result = installed.run("bash", "-c", "genfleet --show-completion; exit $?")
 
     assert result.returncode == 0, result.stderr
     assert "complete -o default -F _genfleet_completion genfleet" in result.stdout

@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from genfleet.workers.generation.client import SglangClient
+from genfleet.workers.servers.api import GenerationRequest
+from genfleet.workers.servers.sglang import SglangServer
 
 TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 TIME_WAIT, ESTABLISHED = "06", "01"
@@ -30,19 +31,19 @@ def sockets_to(port: int) -> list[str]:
 
 @pytest.mark.skipif(not TCP_TABLES[0].exists(), reason="needs Linux's /proc/net/tcp")
 def test_one_thread_streams_every_generation_over_one_connection(sim, prompt):
-    client = SglangClient(max_connections=4, connect_timeout_s=5, stall_timeout_s=30)
+    server = SglangServer(max_connections=4, connect_timeout_s=5, stall_timeout_s=30)
     port = urlsplit(sim.url).port
     before = sockets_to(port).count(TIME_WAIT)
-    body = {"input_ids": prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": 64, "skip_special_tokens": False, "stream_interval": 8}}
+    request = GenerationRequest(max_new_tokens=64, sampling={}, input_ids=prompt, skip_special_tokens=False,
+                                stream_interval=8)
     try:
         for _ in range(5):
-            generation = client.generate(sim.url, dict(body), deadline=time.monotonic() + 30)
-            assert generation.finish_reason
+            generation = server.generate(sim.url, request, deadline=time.monotonic() + 30)
+            assert generation.finish in ("stop", "length")
         states = sockets_to(port)
         # Breaking out at `data: [DONE]` left the body's last bytes unread: httpcore then closes the
         # connection instead of pooling it, and each of the five opened its own.
         assert states.count(TIME_WAIT) - before == 0, states
         assert states.count(ESTABLISHED) == 2  # the client's end and the server's
     finally:
-        client.close()
+        server.close()

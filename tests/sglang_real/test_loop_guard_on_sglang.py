@@ -26,8 +26,8 @@ from helpers.waits import wait_until
 from plan import Turn, split_context
 from tier import Expectations, enqueue, start_pools
 
-from genfleet.workers.generation.client import new_rid
 from genfleet.workers.generation.loop_guard import DEFAULT, LoopDetector
+from genfleet.workers.servers.sglang import new_rid
 
 MAX_NEW_TOKENS = 10240  # the short partition's default: what each loop would cost unguarded
 # Three loops: periods of 3, 5 and 1 words after the content's first 6 words.
@@ -158,8 +158,8 @@ def uncut_loop(plan: list[int]) -> dict[str, int]:
 
 
 def test_genfleets_abort_request_alone_stops_a_stream_the_client_still_holds_open(
-        cumulative, sglang_client, model, plan_vocab):
-    """The worker's abort call on its own (`SglangClient.abort_request`), with nothing disconnected:
+        cumulative, sglang_server, model, plan_vocab):
+    """The worker's abort call on its own (`SglangServer.abort`), with nothing disconnected:
     the real server ends the stream with `finish_reason` abort, far short of max_new_tokens."""
     expect = Expectations(model, plan_vocab)
     asked = {"messages": [{"role": "user", "content": "held open [plan forever]"}]}
@@ -174,7 +174,7 @@ def test_genfleets_abort_request_alone_stops_a_stream_the_client_still_holds_ope
                 last = json.loads(line.removeprefix("data: "))
                 if aborted_at is None and last["meta_info"]["completion_tokens"] >= 200:
                     aborted_at = last["meta_info"]["completion_tokens"]
-                    sglang_client.abort_request(cumulative.url, rid)
+                    sglang_server.abort(cumulative.url, rid)
     meta = last["meta_info"]
     assert aborted_at is not None and meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
     assert aborted_at <= meta["completion_tokens"] <= aborted_at + LAG

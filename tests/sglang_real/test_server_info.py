@@ -1,4 +1,4 @@
-"""What genfleet reads from the real server about itself (workers/generation/client.py): the stream
+"""What genfleet reads from the real server about itself (workers/servers/sglang_info.py): the stream
 mode and stream interval from `/server_info`, the weight version from `/model_info`; as `genfleet
 doctor` prints them, as the workers' reader returns them, and as records carry them.
 
@@ -15,7 +15,8 @@ import httpx
 import pytest
 from tier import enqueue, write_plan_prompts
 
-from genfleet.workers.generation.client import ModelIdentity, ServerInfo, StreamMode
+from genfleet.workers.servers.api import ModelIdentity
+from genfleet.workers.servers.sglang_info import ServerInfo, StreamMode
 
 SGLANG_DEFAULT_STREAM_INTERVAL = 1
 

@@ -23,13 +23,13 @@ from helpers.sim_in_process import parse_sim_args
 from helpers.sim_process import SimProcess
 from server import RealServer
 
-from genfleet.common.fleet_stats import ServerLoad
 from genfleet.producer.prompts import PromptTemplater
 from genfleet.sim.vocab import SimVocab
-from genfleet.workers.generation.client import (
+from genfleet.workers.servers.sglang_info import (
     ServerInfo,
     StreamMode,
     identity_from_model_info,
+    load_from_loads,
     revision_from_server_info,
 )
 
@@ -588,7 +588,7 @@ def test_abort_request_answers_200_with_an_empty_body_and_refuses_a_malformed_on
 
 
 def test_v1_loads_has_the_fields_genfleet_reads_on_both(one_pair):
-    """Workers read /v1/loads (workers/admission.py, `ServerLoad.from_loads`): the sim answers it in
+    """Workers read /v1/loads (workers/servers/sglang_info.py, `load_from_loads`): the sim answers it in
     the real server's shape, with the fields genfleet reads; the sim's KV is its slots."""
     real, sim = (HTTP.get(url + "/v1/loads").json() for url in (one_pair.real, one_pair.sim))
     assert list(real) == list(sim) == ["timestamp", "version", "accelerator", "num_accelerators", "loads"]
@@ -597,4 +597,4 @@ def test_v1_loads_has_the_fields_genfleet_reads_on_both(one_pair):
     assert read <= real["loads"][0].keys() and read <= sim["loads"][0].keys()
     assert {"waiting", "retracted"} <= real["loads"][0]["queues"].keys() & sim["loads"][0]["queues"].keys()
     for body in (real, sim):
-        ServerLoad.from_loads(body)
+        load_from_loads(body)

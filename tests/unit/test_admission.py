@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from genfleet.common.fleet_stats import ServerLoad, wanted_waiting
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
 from genfleet.workers.admission import HostAdmission, next_target, streams
+from genfleet.workers.servers.sglang_info import load_from_loads
 
 START = IN_FLIGHT_PER_HOST["short"]  # where a worker's target starts: the pool's fixed share
 
@@ -132,7 +133,7 @@ def test_loads_of_every_data_parallel_rank_are_summed():
         {"dp_rank": 1, "num_running_reqs": 28, "num_waiting_reqs": 0, "token_usage": 0.44, "gen_throughput": 850.0,
          "max_total_num_tokens": 200_000, "queues": {"waiting": 0, "retracted": 2}},
     ]}
-    load = ServerLoad.from_loads(body)
+    load = load_from_loads(body)
     assert (load.running, load.waiting, load.retracted) == (58, 4, 2)
     assert load.token_usage == 0.44 and load.gen_throughput == 1750.5 and load.max_total_tokens == 400_000
 
@@ -140,7 +141,7 @@ def test_loads_of_every_data_parallel_rank_are_summed():
 @pytest.mark.parametrize("body", [{}, {"loads": []}, {"loads": "x"}, {"loads": [{"num_running_reqs": 1}]}])
 def test_an_answer_without_loads_is_refused(body):
     with pytest.raises((KeyError, ValueError)):
-        ServerLoad.from_loads(body)
+        load_from_loads(body)
 
 
 def test_many_waiting_at_low_kv_use_is_admission_bound():

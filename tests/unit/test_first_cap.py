@@ -118,7 +118,7 @@ def test_a_flagged_loop_is_never_staged_and_a_loop_found_at_the_first_cap_ends_t
 
 def test_a_first_request_the_server_cut_short_is_not_continued():
     first = staged(payload(), 100, api="generate", exact_text=True)
-    cut = generation(list(range(40)), finish_reason={"type": "length", "length": 40})
+    cut = generation(list(range(40)), granted_tokens=40)
     assert follow_up(first, cut, api="generate", started_at=0.0) is None
 
 
@@ -137,7 +137,7 @@ def test_the_parts_end_where_one_request_with_the_full_cap_ends(length, first_ca
             part = generation(ids, finish="stop" if done + len(ids) == length else "length")
             whole = part if prior is None else joined(prior, part)
             if (task := follow_up(task, whole, api="generate", started_at=0.0)) is None:
-                return whole.output_ids, whole.finish_reason["type"], requests
+                return whole.output_ids, whole.finish, requests
             prior = Continuation.of(task)
             if task.regenerated:  # from scratch, with the larger budget
                 prior = None

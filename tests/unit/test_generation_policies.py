@@ -13,8 +13,8 @@ from genfleet.common.records import TaskPayload
 from genfleet.common.settings import Settings
 from genfleet.producer.prompts import sample_payload, sample_seed, sample_slots
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, resolve
-from genfleet.workers.generation.client import Generation
 from genfleet.workers.generation.replies import Continuation, follow_up, joined, prompt_with_prefix
+from genfleet.workers.servers.api import Generation
 
 
 def payload(**changes) -> TaskPayload:
@@ -25,7 +25,7 @@ def payload(**changes) -> TaskPayload:
 
 
 def generation(ids: list[int], finish: str = "length", **changes) -> Generation:
-    base = Generation(finish_reason={"type": finish}, prompt_tokens=3, completion_tokens=len(ids),
+    base = Generation(finish=finish, prompt_tokens=3, completion_tokens=len(ids),
                       reasoning_tokens=0, cached_tokens=0, first_token_s=0.1, duration_s=1.0,
                       text="".join(f"<{i}>" for i in ids), output_ids=ids)
     return replace(base, **changes)
@@ -61,16 +61,16 @@ def test_no_follow_up(case):
     elif case == "spent":
         task = payload(max_new_tokens_total=100)
     elif case == "server-cut":
-        # SGLang lowered the budget to what its context left (finish_reason.length 98 < 100): a
-        # follow-up's prompt would be past its input bound and refused, losing what was generated.
-        gen = generation(list(range(98)), finish_reason={"type": "length", "length": 98})
+        # SGLang lowered the budget to what its context left (granted_tokens 98 < 100): a follow-up's
+        # prompt would be past its input bound and refused, losing what was generated.
+        gen = generation(list(range(98)), granted_tokens=98)
     else:
         task = payload(regenerate="all")
     assert follow_up(task, gen, api="generate", started_at=0.0) is None
 
 
 def test_a_cut_at_the_asked_budget_still_continues_when_the_server_reports_it():
-    cut = generation(list(range(100)), finish_reason={"type": "length", "length": 100})
+    cut = generation(list(range(100)), granted_tokens=100)
     assert follow_up(payload(), cut, api="generate", started_at=0.0) is not None
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from genfleet.common.records import CompletionRecord, Timing, Usage
-from genfleet.workers.generation.client import ModelIdentity, identity_from_model_info, revision_from_server_info
+from genfleet.workers.servers.api import ModelIdentity
+from genfleet.workers.servers.sglang_info import identity_from_model_info, revision_from_server_info
 
 MODEL_INFO = {"model_path": "/models/Kimi-K2.5", "served_model_name": "kimi-k2.5",
               "tokenizer_path": "/models/Kimi-K2.5", "is_generation": True, "weight_version": "step-1200",

@@ -6,7 +6,7 @@ from httpx._decoders import LineDecoder, TextDecoder
 from hypothesis import given
 from hypothesis import strategies as st
 
-from genfleet.workers.generation.stream_http import data_payloads
+from genfleet.workers.servers.transport import data_payloads
 
 # A payload never holds CR or LF (JSON escapes them); it may hold what str.splitlines also splits at,
 # which JSON leaves raw (U+0085, U+2028, U+2029; orjson and json.dumps(ensure_ascii=False) alike).

@@ -2,7 +2,7 @@
 import pytest
 
 from genfleet.workers.errors import PermanentError, TransientError, UpstreamAborted
-from genfleet.workers.generation.client import StreamAssembler
+from genfleet.workers.servers.sglang import StreamAssembler
 
 WORDS = [" a", " b", " c", " d", " e"]
 IDS = [10, 11, 12, 13, 14]

@@ -12,8 +12,9 @@ from genfleet.common.run_state import Outcome
 from genfleet.common.tokenizer import render_prompts
 from genfleet.workers.errors import IntegrityError, PermanentError, TransientError
 from genfleet.workers.failures import verdict
-from genfleet.workers.generation.client import chat_body, generate_body
 from genfleet.workers.generation.replies import history_before, prompt_ids, reply_positions
+from genfleet.workers.servers.api import GenerationRequest
+from genfleet.workers.servers.sglang import chat_body, generate_body
 from genfleet.workers.tasks import outcome_of, summary
 
 QUESTION = [{"role": "user", "content": "hi"}]
@@ -80,13 +81,18 @@ def test_an_attempt_is_transient_until_its_last_then_it_takes_its_dead_letter_cl
 
 def test_request_bodies_carry_only_sglangs_own_field_names():
     sampled = payload(sampling={"temperature": 0.6, "sampling_seed": 7}, chat_template_kwargs={"thinking": True})
-    body = generate_body(sampled, [1, 2], skip_special_tokens=False, stream_interval=8)
+    request = GenerationRequest(max_new_tokens=sampled.max_new_tokens, sampling=sampled.sampling, input_ids=[1, 2],
+                                chat_template_kwargs=sampled.chat_template_kwargs, skip_special_tokens=False,
+                                stream_interval=8)
+    body = generate_body(request)
     assert body == {"input_ids": [1, 2], "stream": True, "sampling_params": {
         "temperature": 0.6, "sampling_seed": 7, "max_new_tokens": 64, "skip_special_tokens": False,
         "stream_interval": 8}}
-    text = generate_body(payload(text="hello"), None, skip_special_tokens=True, stream_interval=1)
+    text = generate_body(GenerationRequest(max_new_tokens=64, sampling={}, text="hello", skip_special_tokens=True,
+                                           stream_interval=1))
     assert text["text"] == "hello" and "input_ids" not in text
-    chat = chat_body(sampled, QUESTION)
+    chat = chat_body(GenerationRequest(max_new_tokens=sampled.max_new_tokens, sampling=sampled.sampling,
+                                       messages=QUESTION, chat_template_kwargs=sampled.chat_template_kwargs))
     assert chat == {"model": "default", "messages": QUESTION, "max_tokens": 64, "temperature": 0.6, "seed": 7,
                     "chat_template_kwargs": {"thinking": True}, "separate_reasoning": True}
 

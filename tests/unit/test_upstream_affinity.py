@@ -9,7 +9,7 @@ import time
 from collections import Counter
 
 from helpers.waits import wait_until
-from test_upstreams import Slots
+from test_upstreams import Slots, always_healthy
 
 from genfleet.workers.upstreams import LOAD_FACTOR, SPILL_GRACE_S, UpstreamPool
 
@@ -22,7 +22,7 @@ def preferred(pool: UpstreamPool, key: bytes) -> str:
 
 
 def test_a_key_always_goes_to_the_same_host_and_keys_spread_over_all():
-    pool = UpstreamPool(HOSTS, per_upstream_cap=10)
+    pool = UpstreamPool(HOSTS, per_upstream_cap=10, healthy=always_healthy)
     keys = [f"prompt {i}".encode() for i in range(4000)]
     first = {key: preferred(pool, key) for key in keys}
     assert all(preferred(pool, key) == host for key, host in list(first.items())[:200])
@@ -31,7 +31,7 @@ def test_a_key_always_goes_to_the_same_host_and_keys_spread_over_all():
 
 
 def test_a_host_going_down_moves_only_its_own_keys():
-    pool = UpstreamPool(HOSTS, per_upstream_cap=10)
+    pool = UpstreamPool(HOSTS, per_upstream_cap=10, healthy=always_healthy)
     keys = [f"prompt {i}".encode() for i in range(2000)]
     before = {key: preferred(pool, key) for key in keys}
     for _ in range(pool.failure_threshold):
@@ -42,7 +42,7 @@ def test_a_host_going_down_moves_only_its_own_keys():
 
 
 def test_a_preferred_host_past_the_load_bound_spills_to_the_least_busy():
-    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100, healthy=always_healthy)
     slots = Slots(pool)
     key = b"a shared system prompt"
     home = preferred(pool, key)
@@ -55,12 +55,12 @@ def test_a_preferred_host_past_the_load_bound_spills_to_the_least_busy():
 
 
 def test_least_busy_routing_ignores_the_key():
-    slots = Slots(UpstreamPool(HOSTS, per_upstream_cap=10, routing="least-busy"))
+    slots = Slots(UpstreamPool(HOSTS, per_upstream_cap=10, healthy=always_healthy, routing="least-busy"))
     assert sorted(slots.take(affinity=b"same") for _ in range(4)) == sorted(HOSTS)
 
 
 def test_a_freed_slot_goes_first_to_a_waiting_request_that_prefers_its_host():
-    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1, healthy=always_healthy)
     slots = Slots(pool)
     keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
     slots.take(affinity=keys[HOSTS[0]])
@@ -88,7 +88,7 @@ def test_a_freed_slot_goes_first_to_a_waiting_request_that_prefers_its_host():
 
 
 def test_a_freed_slot_nobody_prefers_is_taken_after_the_grace():
-    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=1, healthy=always_healthy)
     slots = Slots(pool)
     keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
     slots.take(affinity=keys[HOSTS[0]])
@@ -112,7 +112,7 @@ def test_a_freed_slot_nobody_prefers_is_taken_after_the_grace():
 def test_a_prompt_warm_on_its_host_goes_there_past_the_load_bound():
     """A sample after the first finds its prompt in its host's cache: balance is not worth a full
     prefill elsewhere (the cap still holds)."""
-    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100, healthy=always_healthy)
     slots = Slots(pool)
     key = b"leading tokens of one prompt"
     home = slots.take(affinity=key, prompt=b"run\0d/1")
@@ -124,7 +124,7 @@ def test_a_prompt_warm_on_its_host_goes_there_past_the_load_bound():
 
 def test_a_full_host_keeps_a_warm_prompt_waiting_longer_before_it_spills(monkeypatch):
     monkeypatch.setattr("genfleet.workers.upstreams.WARM_SPILL_GRACE_S", 0.4)
-    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2, healthy=always_healthy)
     slots = Slots(pool)
     keys = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}
     key = keys[HOSTS[0]]
@@ -147,7 +147,7 @@ def test_past_the_warm_waiters_allowed_a_warm_prompt_spills_after_the_short_grac
     hosts' freed slots with no thread to fill them."""
     monkeypatch.setattr("genfleet.workers.upstreams.WARM_SPILL_GRACE_S", 5.0)
     monkeypatch.setattr("genfleet.workers.upstreams.WARM_WAITERS_MAX", 1)
-    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2)
+    pool = UpstreamPool(HOSTS[:2], per_upstream_cap=2, healthy=always_healthy)
     slots = Slots(pool)
     key = {preferred(pool, f"k{i}".encode()): f"k{i}".encode() for i in range(20)}[HOSTS[0]]
     slots.take(affinity=key, prompt=b"warm")
@@ -164,7 +164,7 @@ def test_past_the_warm_waiters_allowed_a_warm_prompt_spills_after_the_short_grac
 
 
 def test_a_host_whose_circuit_opened_holds_no_warm_prompt():
-    pool = UpstreamPool(HOSTS, per_upstream_cap=100)
+    pool = UpstreamPool(HOSTS, per_upstream_cap=100, healthy=always_healthy)
     key = b"leading tokens of one prompt"
     with pool.lease(affinity=key, prompt=b"p") as home:
         pass

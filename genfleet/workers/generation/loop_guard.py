@@ -262,3 +262,38 @@ class LoopDetector:
         # never checked, and then the oldest item kept is the best answer there is.
         at, begin = self._base + end, self._base + start
         return Loop(period=period, repeats=(at - begin) // period, start=begin, at_token=at)
+
+
+class StreamWatch:
+    """The loop guard on one stream: the server kind's stream loop (`workers/servers/`) hands it
+    what has arrived after each chunk, and stops reading when it says so (`abort`); `flag` only
+    remembers the finding (the completion runs to its end and is marked)."""
+
+    def __init__(self, policy: str, thresholds: LoopThresholds, prefix: Sequence[int] | str = ()) -> None:
+        if policy not in ("abort", "flag"):
+            raise ValueError(f"no stream watch for loop guard {policy!r}")
+        self.abort = policy == "abort"
+        self.detector = LoopDetector(thresholds, prefix=prefix)
+        self._ids_seen = 0
+        self._reasoning_seen = 0
+        self._content_seen = 0
+
+    @property
+    def loop(self) -> Loop | None:
+        return self.detector.found
+
+    def ids_arrived(self, ids: list[int]) -> bool:
+        """`ids`: every id assembled so far (cumulative or not); True: stop reading now."""
+        new = ids[self._ids_seen:]
+        self._ids_seen = len(ids)
+        if new:
+            self.detector.extend(new)
+        return self.abort and self.detector.found is not None
+
+    def text_arrived(self, reasoning: str, content: str) -> bool:
+        """The chat API's reasoning and content so far; fed as one stream of characters."""
+        new = reasoning[self._reasoning_seen:] + content[self._content_seen:]
+        self._reasoning_seen, self._content_seen = len(reasoning), len(content)
+        if new:
+            self.detector.extend(new)
+        return self.abort and self.detector.found is not None

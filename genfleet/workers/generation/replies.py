@@ -1,52 +1,65 @@
-"""Generating a prompt's replies: the turns to generate, what a cut completion becomes (`--on-
-truncated`), and the reply loop over the upstreams.
+"""A prompt's replies, from the server's stream to the record: the turns to generate, the reply
+loop over the upstreams, reasoning split from content, what a cut completion becomes
+(`--on-truncated`), and the record of the whole completion.
 
-Which assistant turns of a conversation to generate, and the prompt for each.
-
+Which assistant turns of a conversation to generate, and the prompt for each:
 `last` (default): the producer already cut the conversation after its last user turn; one reply.
 `all` (SpecForge's on-policy mode): every assistant turn in order, each conditioned on the model's
 own earlier replies. Earlier replies enter the history as content only; the chat template decides
 how past turns look (most drop past reasoning).
 
-What a completion cut at max_new_tokens becomes (`--on-truncated`), decided once it is assembled.
+Each reply is routed to an upstream (`workers/upstreams.py`) and streamed through the server seam
+(`workers/servers/`) with the loop guard watching; a continued completion resumes from the ids its
+earlier parts generated, and its parts are joined before the split (`joined`).
 
+Splitting a generation into reasoning and content, exactly as the model produced them
+(`CompletionSplitter`):
+- over the chat API: the server split them already.
+- with token ids and the model's tokenizer at hand: the ids are decoded and must give the server's
+  text (`IntegrityError` otherwise); the split runs on the decoding with special tokens kept, so it
+  does not depend on the server's `skip_special_tokens`.
+- with text alone: split the text, which is why requests ask `skip_special_tokens: false`.
+The server's text leaves out a matched stop token while its ids keep it (SGLang 0.5.23
+`managers/detokenizer_manager.py::trim_matched_stop` drops the last id before decoding when the
+match is a token id; `schedule_batch.py` sets `finished_len = matched_pos + 1`), so the decoding is
+compared both with and without that last id. A matched stop *string* is cut from the text, so there
+the text need only be a prefix of the decoding.
+
+What a completion cut at max_new_tokens becomes (`--on-truncated`), decided once it is assembled:
 - `keep`: the record is written as cut (`finish_reason: "length"`).
-- `continue`: a follow-up task on the `long` queue asks `/generate` to go on from where the cut
-  fell: its `input_ids` are the prompt's ids followed by every id generated so far, its
+- `continue`: a follow-up task on the `long` queue asks the server to go on from where the cut
+  fell: its prompt is the prompt's ids followed by every id generated so far, its
   `max_new_tokens` what is left of `max_new_tokens_total`. A model conditioned on its own prefix
   continues as if the budget had been larger from the start, so this costs only the extra tokens
-  (and a prefill SGLang's prefix cache mostly absorbs) instead of generating the whole prefix again.
-  The parts already generated travel in the payload (`Continuation`); the record is written once,
-  by the last part, over the joined ids and text.
+  (and a prefill the server's prefix cache mostly absorbs) instead of generating the whole prefix
+  again. The parts already generated travel in the payload (`Continuation`); the record is written
+  once, by the last part, over the joined ids and text.
 - `regenerate`: the prompt is asked again on `long` with `max_new_tokens_total`, from scratch (the
   only choice over the chat API, which returns text, not the ids a continuation is built from).
-
 A completion the loop guard stopped or flagged is never continued: more of a loop is not data. Nor
 is one the server itself stopped short of its max_new_tokens: its context is full (`server_cut`).
 A cut at a staged first cap (`--first-max-new-tokens`, workers/generation/first_cap.py) is not a
 truncation: it always goes on, in its own queue, up to the prompt's real cap.
-
-Generating a payload's replies: route to an upstream, stream (with the loop guard watching),
-split reasoning from content. One reply, or with `--regenerate all` every assistant turn in order;
-a continued completion (`workers/generation/replies.py`) resumes from the ids its earlier parts generated.
 """
 from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from genfleet.common.queues import LONG
-from genfleet.common.reasoning import get_format, starts_in_reasoning
-from genfleet.common.records import TaskPayload, Turn, Usage
+from genfleet.common.reasoning import ReasoningSplit, get_format, split_reasoning, starts_in_reasoning
+from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
-from genfleet.workers.errors import BudgetSpent, GenerationError, PermanentError
-from genfleet.workers.generation.client import Generation, StreamWatch, chat_body, generate_body
+from genfleet.workers.errors import BudgetSpent, GenerationError, IntegrityError, PermanentError
 from genfleet.workers.generation.first_cap import next_stage
-from genfleet.workers.generation.loop_guard import LoopThresholds
-from genfleet.workers.runtime import WorkerRuntime
+from genfleet.workers.generation.loop_guard import LoopThresholds, StreamWatch
+from genfleet.workers.servers.api import Generation, GenerationRequest
+
+if TYPE_CHECKING:  # the runtime holds this module's splitter
+    from genfleet.workers.runtime import WorkerRuntime
 
 Message = dict[str, Any]
 
@@ -110,9 +123,7 @@ def joined(prior: Continuation | None, generation: Generation,
     ids = prior.output_ids + (generation.output_ids or [])
     text = prior.text + generation.text
     if decode is not None:
-        matched = generation.finish_reason.get("matched")
-        stop_id = isinstance(matched, int) and not isinstance(matched, bool)
-        text = decode(ids[:-1] if stop_id and ids else ids)
+        text = decode(ids[:-1] if generation.stop_token and ids else ids)
     return replace(
         generation, text=text, output_ids=ids,
         completion_tokens=prior.completion_tokens + generation.completion_tokens,
@@ -125,7 +136,7 @@ def joined(prior: Continuation | None, generation: Generation,
 def follow_up(payload: TaskPayload, generation: Generation, *, api: str, started_at: float) -> TaskPayload | None:
     """The task to publish instead of writing a record, or None to write it. `generation` is the
     whole completion so far (`joined`)."""
-    if generation.finish_reason.get("type") != "length" or server_cut(payload, generation):
+    if generation.finish != "length" or server_cut(payload, generation):
         return None
     if payload.staged_from is not None and generation.output_ids and generation.loop is None:
         # Cut at a staged cap (workers/generation/first_cap.py): go on towards the real cap, in the
@@ -171,15 +182,14 @@ def _continued(payload: TaskPayload, generation: Generation, left: int, started_
 
 
 def server_cut(payload: TaskPayload, generation: Generation) -> bool:
-    """Whether the server ended this part before the max_new_tokens it was asked for: SGLang lowers
-    a request's budget to what its context (and KV pool) leaves, `context - 2 - input` at most
-    (0.5.23 `managers/scheduler.py::init_req_max_new_tokens`), and reports the budget it kept as
-    `finish_reason.length`. Nothing fits after such a cut: a follow-up's prompt (this one and all it
-    generated) is past the scheduler's input bound, `context - 6` (`managers/utils.py::
-    validate_input_length`), and would be refused as permanent, losing what was generated; and a
-    regeneration would be cut at the same place."""
-    granted = generation.finish_reason.get("length")
-    return isinstance(granted, int) and not isinstance(granted, bool) and granted < payload.max_new_tokens
+    """Whether the server ended this part before the max_new_tokens it was asked for, having
+    lowered the request's budget to what its context (and KV pool) leaves (`granted_tokens`).
+    Nothing fits after such a cut: a follow-up's prompt (this one and all it generated) is past the
+    server's input bound (SGLang 0.5.23: `context - 6`, `managers/utils.py::validate_input_length`),
+    and would be refused as permanent, losing what was generated; and a regeneration would be cut at
+    the same place."""
+    granted = generation.granted_tokens
+    return granted is not None and granted < payload.max_new_tokens
 
 
 # Leading prompt tokens that pick a host: a shorter prompt is hashed whole, so unrelated prompts
@@ -187,9 +197,18 @@ def server_cut(payload: TaskPayload, generation: Generation) -> bool:
 AFFINITY_PREFIX_TOKENS = 256
 
 
-def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
-                   deadline: float) -> tuple[list[tuple[Turn, Generation]], list[dict]]:
-    """Each reply the payload asks for, in order; returns them and the last reply's prompt."""
+@dataclass(frozen=True)
+class Replies:
+    """What a task generated: the record of the whole completion, or the follow-up to publish
+    instead (`next_part`: the completion was cut, `follow_up`)."""
+
+    record: CompletionRecord | None
+    next_part: TaskPayload | None
+    completion_tokens: int  # of the whole completion so far
+
+
+def generate_replies(payload: TaskPayload, runtime: WorkerRuntime, deadline: float, started_at: float) -> Replies:
+    """Each reply the payload asks for, in order, and what becomes of them."""
     replies: dict[int, dict] = {}
     turns = []
     prompt = payload.messages
@@ -200,8 +219,8 @@ def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
         turn = Turn(
             reasoning=split.reasoning, content=split.content,
             # A loop the guard stopped or flagged reads "loop", whatever ended the stream.
-            finish_reason="loop" if generation.loop else generation.finish_reason.get("type", "stop"),
-            matched_stop=generation.finish_reason.get("matched"),
+            finish_reason="loop" if generation.loop else generation.finish,
+            matched_stop=generation.matched_stop,
             usage=Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
                         reasoning_tokens=generation.reasoning_tokens, cached_tokens=generation.cached_tokens),
             upstream=upstream,
@@ -210,7 +229,41 @@ def generate_turns(payload: TaskPayload, runtime: WorkerRuntime,
         )
         turns.append((turn, generation))
         replies[position] = {"role": "assistant", "content": split.content}
-    return turns, prompt
+    last = turns[-1][1]
+    next_part = follow_up(payload, last, api=runtime.settings.api, started_at=started_at)
+    record = None if next_part is not None else record_of(payload, runtime.name, turns, prompt, started_at)
+    return Replies(record, next_part, last.completion_tokens)
+
+
+def record_of(payload: TaskPayload, worker: str, turns: list[tuple[Turn, Generation]], prompt: list[dict],
+              started_at: float) -> CompletionRecord:
+    """The record of a whole completion: its timing covers every part of a continued one."""
+    last, generation = turns[-1]
+    prior = Continuation.of(payload)
+    if prior is not None:
+        started_at = prior.started_at
+    usage = Usage(
+        prompt_tokens=sum(t.usage.prompt_tokens for t, _ in turns) or payload.prompt_tokens,
+        completion_tokens=sum(t.usage.completion_tokens for t, _ in turns),
+        reasoning_tokens=sum(t.usage.reasoning_tokens for t, _ in turns),
+        cached_tokens=sum(t.usage.cached_tokens for t, _ in turns),
+    )
+    return CompletionRecord(
+        id=payload.id, run=payload.run, dataset=payload.dataset, partition=payload.partition,
+        messages=prompt, reasoning=last.reasoning, content=last.content,
+        finish_reason=last.finish_reason, matched_stop=last.matched_stop, usage=usage,
+        upstream=last.upstream, model=generation.model.name, sampling=payload.sampling,
+        timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at,
+                      first_token_s=turns[0][1].first_token_s, duration_s=time.time() - started_at,
+                      e2e_latency=generation.e2e_latency),
+        attempts=payload.attempt, worker=worker, output_ids=last.output_ids,
+        turns=[asdict(turn) for turn, _ in turns] if payload.regenerate == "all" else None,
+        row=payload.row,
+        loop=next((turn.loop for turn, _ in turns if turn.loop), None),
+        continued=prior.parts if prior is not None else None,
+        regenerated=True if payload.regenerated else None, sample=payload.sample,
+        model_revision=generation.model.record_field(),
+    )
 
 
 def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict],
@@ -229,16 +282,14 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
         # Prompts already streaming may still overshoot the budget by their own length.
         if budget_spent(payload, runtime):
             raise BudgetSpent()
+        request = GenerationRequest(
+            max_new_tokens=payload.max_new_tokens, sampling=payload.sampling,
+            messages=prompt if settings.api == "chat" else None, input_ids=input_ids, text=payload.text,
+            chat_template_kwargs=payload.chat_template_kwargs, skip_special_tokens=settings.skip_special_tokens,
+            stream_interval=settings.stream_interval,
+            starts_in_reasoning=in_reasoning(payload, settings.reasoning_parser, prior))
         try:
-            if settings.api == "chat":
-                generation = runtime.client.chat(upstream, chat_body(payload, prompt), deadline=deadline,
-                                                 should_stop=stop, watch=watch)
-            else:
-                body = generate_body(payload, input_ids, skip_special_tokens=settings.skip_special_tokens,
-                                     stream_interval=settings.stream_interval,
-                                     require_reasoning=in_reasoning(payload, settings.reasoning_parser, prior))
-                generation = runtime.client.generate(upstream, body, deadline=deadline, should_stop=stop,
-                                                     watch=watch)
+            generation = runtime.server.generate(upstream, request, deadline=deadline, should_stop=stop, watch=watch)
         except GenerationError as error:
             error.upstream = upstream
             pool.report(upstream, ok=not error.blames_upstream)
@@ -248,9 +299,10 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
 
 
 def in_reasoning(payload: TaskPayload, parser: str, prior: Continuation | None) -> bool:
-    """Whether this request's output starts inside the reasoning, so SGLang is asked to count its
-    reasoning tokens (`generate_body`): the template opened it, and no earlier part of a continued
-    completion closed it (SGLang counted every token of those parts as reasoning, or it did not)."""
+    """Whether this request's output starts inside the reasoning, so the server is asked to count
+    its reasoning tokens (`GenerationRequest.starts_in_reasoning`): the template opened it, and no
+    earlier part of a continued completion closed it (the server counted every token of those parts
+    as reasoning, or it did not)."""
     if not starts_in_reasoning(get_format(parser), payload.chat_template_kwargs):
         return False
     return prior is None or prior.reasoning_tokens >= prior.completion_tokens
@@ -322,3 +374,71 @@ def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict])
         raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
                              "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
     return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
+
+
+# Tokens that end a turn or a sequence; they carry no text of the model's.
+TURN_END_TOKENS = ("<|im_end|>", "[EOS]", "[EOT]", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",
+                   "<｜end▁of▁sentence｜>", "<|return|>", "</s>")
+
+
+class CompletionSplitter:
+    def __init__(self, parser: str, tokenizer: Any | None = None, *, skip_special_tokens: bool = False) -> None:
+        self.parser = parser
+        self.tokenizer = tokenizer
+        # What the requests asked the server for: the text it sent is decoded that way.
+        self.skip_special_tokens = skip_special_tokens
+        strip = set(TURN_END_TOKENS)
+        if tokenizer is not None:
+            strip |= {t for t in (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) if t}
+        self._strip = tuple(sorted(strip, key=len, reverse=True))
+
+    def split(self, generation: Generation, chat_template_kwargs: Mapping[str, Any] | None) -> ReasoningSplit:
+        if generation.reasoning is not None or generation.content is not None:
+            return ReasoningSplit(generation.reasoning or "", generation.content or "",
+                                  closed=bool(generation.content))
+        text = generation.text
+        if self.tokenizer is not None and generation.output_ids:
+            text = self.checked_text(generation)
+        split = split_reasoning(text, self.parser, chat_template_kwargs)
+        return ReasoningSplit(self._clean(split.reasoning), self._clean(split.content), split.closed)
+
+    def checked_text(self, generation: Generation) -> str:
+        """The completion's text with special tokens kept, once the ids are shown to decode to the
+        server's text; raises IntegrityError when they do not."""
+        assert self.tokenizer is not None  # called only with a tokenizer: by split, and by doctor with one
+        ids, text = generation.output_ids or [], generation.text
+        matched = generation.matched_stop
+        surfaces = [ids[:-1], ids] if generation.stop_token else [ids]
+        # A stream the loop guard cut ended on a chunk whose text may lag its ids (SGLang holds back
+        # an incomplete character until a later chunk): the ids' decoding extends the text then.
+        cut = generation.finish == "loop"
+        for surface in surfaces:
+            shown = self.tokenizer.decode(surface, skip_special_tokens=self.skip_special_tokens)
+            if shown == text or ((isinstance(matched, str) or cut) and shown.startswith(text)):
+                if cut and not self.skip_special_tokens:
+                    return shown
+                return text if not self.skip_special_tokens else self._kept(surface, matched)
+        raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
+                             f"({len(text)} characters; {_first_difference(shown, text)})")
+
+    def _kept(self, ids: list[int], matched: object) -> str:
+        """The ids decoded with special tokens kept, cut where the server cut a matched stop string."""
+        assert self.tokenizer is not None  # called by checked_text only
+        kept = self.tokenizer.decode(ids, skip_special_tokens=False)
+        at = kept.find(matched) if isinstance(matched, str) and matched else -1
+        return kept if at == -1 else kept[:at]
+
+    def _clean(self, text: str) -> str:
+        # Only at the end: a model may write "</s>" inside its answer (HTML), and that is data.
+        stripped = True
+        while stripped:
+            stripped = False
+            for token in self._strip:
+                if text.endswith(token):
+                    text, stripped = text[: -len(token)], True
+        return text
+
+
+def _first_difference(decoded: str, text: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(decoded, text, strict=False)) if a != b), min(len(decoded), len(text)))
+    return f"they differ at character {at}: decoded {decoded[at:at + 20]!r}, streamed {text[at:at + 20]!r}"

@@ -1,14 +1,15 @@
-"""The stream's HTTP: kept HTTP/1.1 connections over the standard library, and the server-sent events
-read from their bodies.
+"""The streams' HTTP, under every server kind: kept HTTP/1.1 connections over the standard library,
+and the server-sent events read from their bodies.
 
 The `data:` payloads of a server-sent event stream, read from its body's bytes as they arrive.
 
-SGLang's streams are `data: <json>\n\n` events ending with `data: [DONE]` (0.5.23
-`entrypoints/http_server.py` `stream_results`). Reading bytes and splitting lines here, rather than
-through httpx's `iter_lines` (an incremental UTF-8 decoder, then a line decoder over text), keeps
-each chunk to one split and one `json.loads` of bytes: the chunk is the unit of a worker's
-streaming cost. Line ends are LF, CRLF or a lone CR, as the event-stream format allows
-(WHATWG HTML, "Server-sent events", parsing an event stream); any block boundary gives the same lines.
+Servers stream `data: <json>\n\n` events ending with `data: [DONE]` (SGLang 0.5.23
+`entrypoints/http_server.py` `stream_results`; the OpenAI API's streams read the same). Reading
+bytes and splitting lines here, rather than through httpx's `iter_lines` (an incremental UTF-8
+decoder, then a line decoder over text), keeps each chunk to one split and one `json.loads` of
+bytes: the chunk is the unit of a worker's streaming cost. Line ends are LF, CRLF or a lone CR, as
+the event-stream format allows (WHATWG HTML, "Server-sent events", parsing an event stream); any
+block boundary gives the same lines.
 
 HTTP/1.1 for the generation streams: kept connections per upstream, shared by the task threads,
 through the standard library's `http.client`.
@@ -71,7 +72,7 @@ ERROR_BODY_LIMIT = 65536
 @dataclass(frozen=True)
 class Origin:
     """Where an upstream URL's requests go: scheme, host and port, the path every endpoint is under
-    (a router may serve SGLang below a prefix) and the basic-auth header of any user:password in it."""
+    (a router may serve a server below a prefix) and the basic-auth header of any user:password in it."""
 
     https: bool
     host: str
@@ -306,7 +307,7 @@ class StreamResponse:
 
 
 def upstream_problem(url: str) -> str | None:
-    """Why `url` is not an SGLang base URL (http:// or https:// and a host), or None."""
+    """Why `url` is not a server's base URL (http:// or https:// and a host), or None."""
     try:
         Origin.parse(url)
     except UpstreamURLError as error:

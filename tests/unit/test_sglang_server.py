@@ -1,5 +1,5 @@
-"""The SGLang client against a stub server in this process: a stream that ends before its final
-chunk is a retryable StreamCut, never a short completion."""
+"""The SGLang server seam (`workers/servers/sglang.py`) against a stub server in this process: a
+stream that ends before its final chunk is a retryable StreamCut, never a short completion."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,10 @@ import pytest
 from helpers.http_stub import http_stub
 
 from genfleet.workers.errors import StreamCut
-from genfleet.workers.generation.client import StreamWatch
-from genfleet.workers.generation.loop_guard import LoopThresholds
+from genfleet.workers.generation.loop_guard import LoopThresholds, StreamWatch
+from genfleet.workers.servers.api import GenerationRequest
 
+REQUEST = GenerationRequest(max_new_tokens=16, sampling={}, input_ids=[1])
 CHUNK = b'data: {"text":" a","output_ids":[5],"meta_info":{"finish_reason":null,"completion_tokens":1}}\n\n'
 
 
@@ -23,10 +24,10 @@ def cut_short(request) -> None:
     request.wfile.write(CHUNK)  # then the connection closes: no finish, no [DONE]
 
 
-def test_a_stream_that_ends_without_its_final_chunk_is_retryable(sglang_client):
+def test_a_stream_that_ends_without_its_final_chunk_is_retryable(sglang_server):
     with http_stub(post=cut_short) as url:
         with pytest.raises(StreamCut) as caught:
-            sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
+            sglang_server.generate(url, REQUEST, deadline=time.monotonic() + 60)
     assert caught.value.retryable
 
 
@@ -58,21 +59,21 @@ def endless_loop(aborted: list[dict]):
 
 
 @pytest.mark.parametrize("policy", ["abort", "flag"])
-def test_the_loop_guard_cuts_the_stream_and_asks_the_server_to_drop_the_request(sglang_client, policy):
+def test_the_loop_guard_cuts_the_stream_and_asks_the_server_to_drop_the_request(sglang_server, policy):
     aborted: list[dict] = []
     watch = StreamWatch(policy, LoopThresholds())
     with http_stub(post=endless_loop(aborted)) as url:
         if policy == "flag":  # a stream that never finishes is cut short, whatever was flagged
             with pytest.raises(StreamCut):
-                sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60, watch=watch)
+                sglang_server.generate(url, REQUEST, deadline=time.monotonic() + 60, watch=watch)
             assert watch.loop is not None and not aborted
             return
-        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60, watch=watch)
-    assert generation.finish_reason == {"type": "loop"} and generation.loop == watch.loop.to_dict()
+        generation = sglang_server.generate(url, REQUEST, deadline=time.monotonic() + 60, watch=watch)
+    assert generation.finish == "loop" and generation.loop == watch.loop.to_dict()
     assert generation.loop["period"] == 7 and generation.loop["start"] == 30
     assert generation.loop["at_token"] - 30 <= LoopThresholds().latest(7)
     assert len(generation.output_ids) == generation.completion_tokens < 30 + 7 * 400
-    assert aborted == [{"rid": generation.rid}]
+    assert aborted == [{"rid": generation.request_id}]
 
 
 def unicode_line_separators(request) -> None:
@@ -88,11 +89,11 @@ def unicode_line_separators(request) -> None:
     request.wfile.write(b"data: [DONE]\n\n")
 
 
-def test_text_holding_unicode_line_separators_arrives_whole(sglang_client):
+def test_text_holding_unicode_line_separators_arrives_whole(sglang_server):
     """httpx's `iter_lines` splits lines as `str.splitlines` does, at U+2028, U+2029 and U+0085 too:
     such a chunk was cut in two, failed to parse and was retried until dead-lettered."""
     with http_stub(post=unicode_line_separators) as url:
-        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
+        generation = sglang_server.generate(url, REQUEST, deadline=time.monotonic() + 60)
     assert generation.text == "a\u2028b\x85c\u2029" and generation.output_ids == [5, 6]
 
 
@@ -110,9 +111,9 @@ def finished_then_reset(request) -> None:
     request.close_connection = True  # no terminating 0-size chunk: the body is cut
 
 
-def test_a_connection_lost_after_the_final_chunk_keeps_the_generation(sglang_client):
+def test_a_connection_lost_after_the_final_chunk_keeps_the_generation(sglang_server):
     """Reading on past [DONE] (for the connection's reuse) must not turn a finished stream into a
     failed attempt when only the body's end is missing."""
     with http_stub(post=finished_then_reset) as url:
-        generation = sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
-    assert generation.finish_reason == {"type": "stop"} and generation.output_ids == [5]
+        generation = sglang_server.generate(url, REQUEST, deadline=time.monotonic() + 60)
+    assert generation.finish == "stop" and generation.matched_stop is None and generation.output_ids == [5]

@@ -1,4 +1,4 @@
-"""The streams' HTTP/1.1 connections (`workers/generation/stream_http.py`) against a raw-socket server in
+"""The streams' HTTP/1.1 connections (`workers/servers/transport.py`) against a raw-socket server in
 this process that keeps connections alive, closes them or drops a request as a test says
 (`helpers/keep_alive_server.py`)."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from helpers.keep_alive_server import keep_alive_server
 
 from genfleet.workers.errors import SendFailed, TransientError, UpstreamURLError
-from genfleet.workers.generation.stream_http import Origin, StreamConnections
+from genfleet.workers.servers.api import GenerationRequest
+from genfleet.workers.servers.transport import Origin, StreamConnections
 
 
 @pytest.fixture
@@ -76,10 +77,11 @@ def test_once_interrupted_no_stream_starts(connections):
     assert not seen.requests
 
 
-def test_a_new_connection_dropped_without_an_answer_fails_the_attempt_once(sglang_client):
+def test_a_new_connection_dropped_without_an_answer_fails_the_attempt_once(sglang_server):
     with keep_alive_server(lambda c, n: "drop") as (url, seen):
         with pytest.raises(TransientError, match="transport error"):
-            sglang_client.generate(url, {"input_ids": [1]}, deadline=time.monotonic() + 60)
+            sglang_server.generate(url, GenerationRequest(max_new_tokens=16, sampling={}, input_ids=[1]),
+                                   deadline=time.monotonic() + 60)
     assert len([r for r in seen.requests if r[2] == "/generate"]) == 1
 
 

@@ -1,0 +1,7 @@
+"""The seam between the worker and the server it generates on.
+
+Everything that depends on the server's kind lives in this folder, behind `api.ServerApi`: the
+request's wire shape, decoding a stream's chunks, what the server says about itself, its load, its
+health and aborting a request. The rest of the worker speaks `api.py`'s terms only. SGLang
+(`sglang.py`) is the first kind; the HTTP transport under every kind is `transport.py`.
+"""
