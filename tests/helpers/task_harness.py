@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 from genfleet.common.records import TaskPayload
@@ -25,9 +27,20 @@ from helpers.sim_process import free_port
 from helpers.waits import wait_until
 
 
+@dataclass(frozen=True)
+class ThreadedSim:
+    """A simulator served in a thread of this process: what a test reads of `SimProcess`, in process."""
+
+    url: str
+    server: SimServer
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/sim/stats", timeout=5).raise_for_status().json()
+
+
 @contextmanager
-def sim_on_a_socket(*flags: str) -> Iterator[tuple[str, SimServer]]:
-    """`genfleet sim FLAGS`, served by uvicorn in a thread on a free loopback port: its URL and server."""
+def sim_on_a_socket(*flags: str) -> Iterator[ThreadedSim]:
+    """`genfleet sim FLAGS`, served by uvicorn in a thread on a free loopback port."""
     server = SimServer(parse_sim_args(flags))
     config = uvicorn.Config(server, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off")
     running = uvicorn.Server(config)
@@ -35,7 +48,7 @@ def sim_on_a_socket(*flags: str) -> Iterator[tuple[str, SimServer]]:
     thread.start()
     try:
         wait_until(lambda: running.started, 15, 0.02, "the simulator did not start")
-        yield f"http://127.0.0.1:{config.port}", server
+        yield ThreadedSim(f"http://127.0.0.1:{config.port}", server)
     finally:
         running.should_exit = True
         thread.join(timeout=10)

@@ -16,34 +16,35 @@ FAST = ("--rate", "2000", "--length-median", "30", "--length-mean", "35", "--kne
 
 
 def test_a_prompt_becomes_one_record_equal_to_what_the_server_generated(redis_url, redis_client, tmp_path, tokenizer):
-    with sim_on_a_socket(*FAST) as (url, server), worker_runtime(redis_url, tmp_path, url) as runtime:
+    with sim_on_a_socket(*FAST) as sim, worker_runtime(redis_url, tmp_path, sim.url) as runtime:
         payload = prompt_payload(tokenizer, "r", "d", 3, "what is a radix tree?", keep_token_ids=True)
         result, published = run_task(payload, runtime)
         runtime.shards.close()  # sealed, as on the worker's shutdown
-        planned = server.settings.plan(payload.input_ids, vocab=server.vocab, max_new_tokens=payload.max_new_tokens)
+        planned = sim.server.settings.plan(payload.input_ids, vocab=sim.server.vocab,
+                                           max_new_tokens=payload.max_new_tokens)
     (record,) = shard_records(tmp_path, "r")
     assert published == [] and result["id"] == "d/3"
     assert record["output_ids"] == planned.output_ids and record["finish_reason"] == "stop"
     assert record["usage"]["completion_tokens"] == len(planned.output_ids)
-    assert record["reasoning"] + record["content"] and record["upstream"] == url
+    assert record["reasoning"] + record["content"] and record["upstream"] == sim.url
     assert RunState(redis_client, "r").is_done("d", 3)
 
 
 def test_a_prompt_already_done_is_not_generated_again(redis_url, tmp_path, tokenizer):
-    with sim_on_a_socket(*FAST) as (url, server), worker_runtime(redis_url, tmp_path, url) as runtime:
+    with sim_on_a_socket(*FAST) as sim, worker_runtime(redis_url, tmp_path, sim.url) as runtime:
         payload = prompt_payload(tokenizer, "r", "d", 4, "and a trie?")
         run_task(payload, runtime)
-        started = server.capacity.stats().requests_started
+        started = sim.server.capacity.stats().requests_started
         result, _ = run_task(payload, runtime)
-        again = server.capacity.stats().requests_started
+        again = sim.server.capacity.stats().requests_started
     assert result == {"id": "d/4", "skipped": "already done"} and again == started == 1
 
 
 def test_a_failure_on_the_wire_is_a_typed_error_and_writes_nothing(redis_url, redis_client, tmp_path, tokenizer):
-    with sim_on_a_socket(*FAST, "--http-500-rate", "1") as (url, _server), \
-            worker_runtime(redis_url, tmp_path, url) as runtime:
+    with sim_on_a_socket(*FAST, "--http-500-rate", "1") as sim, \
+            worker_runtime(redis_url, tmp_path, sim.url) as runtime:
         payload = prompt_payload(tokenizer, "r", "d", 5, "a question the server refuses")
         with pytest.raises(GenerationError) as failed:
             run_task(payload, runtime)
-    assert failed.value.retryable and failed.value.upstream == url
+    assert failed.value.retryable and failed.value.upstream == sim.url
     assert shard_records(tmp_path, "r") == [] and not RunState(redis_client, "r").is_done("d", 5)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from helpers.sim_plans import FORMATS
-from helpers.sim_process import SimProcess
+from helpers.task_harness import sim_on_a_socket
 from helpers.waits import wait_until
 
 from genfleet.common.tokenizer import render_prompts
@@ -38,7 +38,7 @@ def test_reasoning_and_content_match_the_model_for_every_format_and_stream_mode(
     with_ids = CompletionSplitter(fmt, tokenizer)
     with_ids_skipped = CompletionSplitter(fmt, tokenizer, skip_special_tokens=True)
     text_only = CompletionSplitter(fmt)
-    with SimProcess(*flags) as sim:
+    with sim_on_a_socket(*flags) as sim:
         for ids in render_prompts(tokenizer, CONVERSATIONS):
             plan = plan_completion(ids, seed=0, max_new_tokens=512, lengths=LengthModel(scale=SCALE), vocab=vocab,
                                    reasoning_format=fmt)
@@ -59,7 +59,7 @@ def test_reasoning_and_content_match_the_model_for_every_format_and_stream_mode(
 @pytest.mark.parametrize("thinking", [True, False])
 def test_chat_completions_stream_carries_server_split_reasoning_and_usage(thinking, tokenizer, vocab, sglang_server):
     kwargs = {"thinking": thinking}
-    with SimProcess(*FAST) as sim:
+    with sim_on_a_socket(*FAST) as sim:
         for conversation in CONVERSATIONS:
             (ids,) = render_prompts(tokenizer, [conversation], kwargs)
             plan = plan_completion(ids, seed=0, max_new_tokens=512, lengths=LengthModel(scale=SCALE), vocab=vocab)
@@ -84,7 +84,7 @@ def test_chat_completions_stream_carries_server_split_reasoning_and_usage(thinki
 @pytest.mark.parametrize("api", ["generate", "chat"])
 def test_each_failure_shape_maps_to_an_error_that_says_whether_to_retry(flags, expected, api, tokenizer, sglang_server):
     (ids,) = render_prompts(tokenizer, CONVERSATIONS[:1])
-    with SimProcess(*FAST, *flags) as sim:
+    with sim_on_a_socket(*FAST, *flags) as sim:
         with pytest.raises(expected) as caught:
             if api == "chat":
                 request = GenerationRequest(max_new_tokens=64, sampling={}, messages=CONVERSATIONS[0])
@@ -95,7 +95,7 @@ def test_each_failure_shape_maps_to_an_error_that_says_whether_to_retry(flags, e
 
 
 def test_an_http_400_names_the_servers_reason(sglang_server, tokenizer):
-    with SimProcess(*FAST) as sim:
+    with sim_on_a_socket(*FAST) as sim:
         request = generate_request([1, 2, 3], skip_special_tokens=False, sampling={"no_such_param": 1})
         with pytest.raises(PermanentError, match="no_such_param"):
             sglang_server.generate(sim.url, request, deadline=later())
@@ -104,7 +104,7 @@ def test_an_http_400_names_the_servers_reason(sglang_server, tokenizer):
 def test_a_stalled_stream_is_abandoned_within_the_stall_timeout(tokenizer):
     (ids,) = render_prompts(tokenizer, CONVERSATIONS[:1])
     stalling = SglangServer(max_connections=4, connect_timeout_s=5, stall_timeout_s=1.0)
-    with SimProcess("--rate", "50", "--length-median", "200", "--length-mean", "201", "--stall-rate", "1") as sim:
+    with sim_on_a_socket("--rate", "50", "--length-median", "200", "--length-mean", "201", "--stall-rate", "1") as sim:
         started = time.monotonic()
         with pytest.raises(StreamStalled):
             stalling.generate(sim.url, generate_request(ids, skip_special_tokens=False, interval=1),

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from helpers.sim_http import FAST, chat, chat_stream, generate, read_chat_stream, usage_of
 from helpers.sim_plans import FORMATS, QUESTION, THINK_FORMATS, plan, template_ids
-from helpers.sim_process import SimProcess
+from helpers.task_harness import sim_on_a_socket
 
 from genfleet.sim.completion import REASONING_FORMAT_NAMES
 
@@ -22,7 +22,7 @@ MARKERS = {
 @pytest.fixture(scope="module", params=FORMATS)
 def formatted(request):
     """A server for each reasoning format: (format name, process)."""
-    with SimProcess(*FAST, "--reasoning-format", request.param) as process:
+    with sim_on_a_socket(*FAST, "--reasoning-format", request.param) as process:
         yield request.param, process
 
 
