@@ -33,7 +33,7 @@ SPARE_THREADS = 16
 # Connections beyond the threads: health probes and the server's pages share the client.
 SPARE_CONNECTIONS = 16
 # A health probe waits this long: a busy server may answer slowly, and a probe is not on any task's path.
-HEALTH_TIMEOUT_S = 20.0
+PROBE_TIMEOUT_S = 20.0
 
 
 @dataclass
@@ -62,7 +62,7 @@ class WorkerRuntime:
         server = SglangServer(max_connections=in_flight + SPARE_THREADS + SPARE_CONNECTIONS,
                               connect_timeout_s=settings.connect_timeout_s, stall_timeout_s=settings.stall_timeout_s)
         upstreams = UpstreamPool(settings.upstreams, per_upstream_cap=per_upstream_cap(settings),
-                                 healthy=lambda url: server.health(url, timeout_s=HEALTH_TIMEOUT_S).ready,
+                                 healthy=lambda url: server.health(url, timeout_s=PROBE_TIMEOUT_S).ready,
                                  failure_threshold=settings.breaker_failures, open_s=settings.breaker_open_s,
                                  probe_interval_s=settings.health_interval_s, routing=settings.routing)
         # A host whose breaker closes again may have restarted with other settings.

@@ -18,7 +18,7 @@ cap) and waits `WARM_SPILL_GRACE_S` for a slot before spilling. Without a key (o
 `GENFLEET_ROUTING=least-busy`) the least busy host takes every request.
 
 A host's circuit opens after consecutive failures; while open, the host gets no traffic. After a
-cool-down, a `/health` probe (half-open) decides whether traffic returns. When no host can take a
+cool-down, the server kind's health probe (half-open) decides whether traffic returns. When no host can take a
 request, `lease` waits: every slot of the worker then waits too, so the worker stops taking tasks
 instead of burning through retries.
 """
@@ -263,7 +263,11 @@ class UpstreamPool:
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.probe_interval_s):
-            self.probe_once()
+            try:
+                self.probe_once()
+            except Exception:  # noqa: BLE001 - the prober must outlive one bad probe (a client closed at shutdown)
+                if not self._stop.is_set():
+                    log.exception("upstream health probe failed")
 
 
 def _weight(key: bytes, url: str) -> int:

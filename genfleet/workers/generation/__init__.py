@@ -1,3 +1,3 @@
-"""Talking to SGLang: the HTTP client (`client`), request bodies (`requests`), stream assembly with
-its integrity checks (`generate_stream`, `chat_stream`), what each server says about itself
-(`server_info`), wire failures as typed errors (`wire_errors`), and the reasoning split (`split`)."""
+"""Generating a prompt's completion in the server seam's terms (`workers/servers/`): the replies from
+the stream to the record (`replies`), staged first caps (`first_cap`) and the loop guard
+(`loop_guard`)."""

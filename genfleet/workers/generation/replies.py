@@ -56,7 +56,7 @@ from genfleet.common.tokenizer import render_prompts
 from genfleet.workers.errors import BudgetSpent, GenerationError, IntegrityError, PermanentError
 from genfleet.workers.generation.first_cap import next_stage
 from genfleet.workers.generation.loop_guard import LoopThresholds, StreamWatch
-from genfleet.workers.servers.api import Generation, GenerationRequest
+from genfleet.workers.servers.api import Generation, GenerationRequest, ModelIdentity
 
 if TYPE_CHECKING:  # the runtime holds this module's splitter
     from genfleet.workers.runtime import WorkerRuntime
@@ -231,12 +231,16 @@ def generate_replies(payload: TaskPayload, runtime: WorkerRuntime, deadline: flo
         replies[position] = {"role": "assistant", "content": split.content}
     last = turns[-1][1]
     next_part = follow_up(payload, last, api=runtime.settings.api, started_at=started_at)
-    record = None if next_part is not None else record_of(payload, runtime.name, turns, prompt, started_at)
+    if next_part is not None:
+        return Replies(None, next_part, last.completion_tokens)
+    # Asked once a slot is free again (cached per upstream by the seam): the record names its model.
+    model = runtime.server.model_identity(turns[-1][0].upstream)
+    record = record_of(payload, runtime.name, turns, prompt, started_at, model)
     return Replies(record, next_part, last.completion_tokens)
 
 
 def record_of(payload: TaskPayload, worker: str, turns: list[tuple[Turn, Generation]], prompt: list[dict],
-              started_at: float) -> CompletionRecord:
+              started_at: float, model: ModelIdentity) -> CompletionRecord:
     """The record of a whole completion: its timing covers every part of a continued one."""
     last, generation = turns[-1]
     prior = Continuation.of(payload)
@@ -252,7 +256,7 @@ def record_of(payload: TaskPayload, worker: str, turns: list[tuple[Turn, Generat
         id=payload.id, run=payload.run, dataset=payload.dataset, partition=payload.partition,
         messages=prompt, reasoning=last.reasoning, content=last.content,
         finish_reason=last.finish_reason, matched_stop=last.matched_stop, usage=usage,
-        upstream=last.upstream, model=generation.model.name, sampling=payload.sampling,
+        upstream=last.upstream, model=model.name, sampling=payload.sampling,
         timing=Timing(enqueued_at=payload.enqueued_at, started_at=started_at,
                       first_token_s=turns[0][1].first_token_s, duration_s=time.time() - started_at,
                       e2e_latency=generation.e2e_latency),
@@ -262,7 +266,7 @@ def record_of(payload: TaskPayload, worker: str, turns: list[tuple[Turn, Generat
         loop=next((turn.loop for turn, _ in turns if turn.loop), None),
         continued=prior.parts if prior is not None else None,
         regenerated=True if payload.regenerated else None, sample=payload.sample,
-        model_revision=generation.model.record_field(),
+        model_revision=model.record_field(),
     )
 
 
@@ -287,7 +291,7 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             messages=prompt if settings.api == "chat" else None, input_ids=input_ids, text=payload.text,
             chat_template_kwargs=payload.chat_template_kwargs, skip_special_tokens=settings.skip_special_tokens,
             stream_interval=settings.stream_interval,
-            starts_in_reasoning=in_reasoning(payload, settings.reasoning_parser, prior))
+            starts_in_reasoning=settings.api != "chat" and in_reasoning(payload, settings.reasoning_parser, prior))
         try:
             generation = runtime.server.generate(upstream, request, deadline=deadline, should_stop=stop, watch=watch)
         except GenerationError as error:

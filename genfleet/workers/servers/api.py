@@ -3,7 +3,8 @@ about itself, and the interface every server kind implements (`ServerApi`).
 
 Nothing here names an endpoint or a field of a server's answers: each kind maps its wire into these
 types once, at its own boundary (`sglang.py`), the way httpx maps its transport's exceptions at
-one place (`httpx/_transports/default.py`). The worker's other modules import only this one.
+one place (`httpx/_transports/default.py`). The worker's modules use a server through these
+terms; only the runtime (and `doctor`) build a kind, and the URL checks read `transport.py`.
 """
 from __future__ import annotations
 
@@ -95,8 +96,6 @@ class Generation:
     content: str | None = None
     # The loop guard's finding (`Loop.to_dict()`); with `abort` the stream was cut there.
     loop: dict[str, int] | None = None
-    # The model that generated it, as its server reported it (cached per upstream).
-    model: ModelIdentity = UNKNOWN_MODEL
 
     @property
     def stop_token(self) -> bool:
@@ -153,7 +152,7 @@ class ServerApi(Protocol):
     def abort(self, upstream: str, request_id: str) -> None: ...
 
     def describe(self, upstream: str) -> ServerDescription:
-        """Asked now, not cached (`doctor`)."""
+        """The server's settings asked now (`doctor`); its model as cached by `model_identity`."""
         ...
 
     def model_identity(self, upstream: str) -> ModelIdentity:

@@ -179,7 +179,7 @@ def chat_body(request: GenerationRequest) -> dict[str, Any]:
         sampling["seed"] = sampling.pop("sampling_seed")  # the OpenAI API's name for it
     return {
         "model": "default", "messages": request.messages, "max_tokens": request.max_new_tokens, **sampling,
-        "chat_template_kwargs": dict(request.chat_template_kwargs), "separate_reasoning": True,
+        "chat_template_kwargs": dict(request.chat_template_kwargs or {}), "separate_reasoning": True,
     }
 
 
@@ -385,11 +385,8 @@ class SglangServer:
     def generate(self, upstream: str, request: GenerationRequest, *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:
         if request.chat:
-            generation = self._chat(upstream, request, deadline, should_stop, watch)
-        else:
-            generation = self._generate(upstream, request, deadline, should_stop, watch)
-        generation.model = self.info.model_identity(upstream)
-        return generation
+            return self._chat(upstream, request, deadline, should_stop, watch)
+        return self._generate(upstream, request, deadline, should_stop, watch)
 
     def _generate(self, upstream: str, request: GenerationRequest, deadline: float,
                   should_stop: Callable[[], bool], watch: StreamWatch | None) -> Generation:

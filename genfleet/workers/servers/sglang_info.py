@@ -193,14 +193,14 @@ class ServerInfo:
         try:
             response.raise_for_status()
             return LoadReading(load_from_loads(response.json()))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as error:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{LOADS_PATH} unreadable: {error}")
 
     def health(self, upstream: str, timeout_s: float) -> Health:
         try:
             response = self.http.get(f"{upstream}{HEALTH_PATH}", timeout=timeout_s)
         except httpx.HTTPError as error:
-            return Health(ready=False, reachable=False, detail=f"unreachable: {error or type(error).__name__}")
+            return Health(ready=False, reachable=False, detail=f"unreachable: {str(error) or type(error).__name__}")
         if response.status_code != 200:
             return Health(ready=False, reachable=True, detail=f"GET {HEALTH_PATH} answered {response.status_code}")
         return Health(ready=True, reachable=True)
