@@ -20,7 +20,7 @@ chunking  # oracle/cases.py
 # Settings read by name (`getattr(settings, f"loop_{name}")` in workers/generation/replies.py) and
 # pydantic validators (run by pydantic, never called).
 loop_max_period, loop_min_repeats, loop_min_span
-_._verify_tls, _._split_upstreams
+_._verify_tls, _._split_upstreams, _._known_parser
 
 # pydantic reads a model's `model_config` (common/settings.py, producer/run_config.py).
 model_config

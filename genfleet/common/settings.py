@@ -5,10 +5,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from genfleet.common import GenfleetError
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
+from genfleet.common.reasoning import get_format
 from genfleet.common.records import Api, InFlight, Routing
 
 
@@ -124,6 +126,12 @@ class Settings(BaseSettings):
     def _verify_tls(cls, value: str) -> str:
         return verify_tls_by_default(value)
 
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_parser(cls, value: str) -> str:
+        get_format(value)  # an unknown name would fail every prompt's split: refused at start instead
+        return value
+
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split_upstreams(cls, value: object) -> object:
@@ -151,9 +159,25 @@ def printable_url(url: str) -> str:
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
+class SettingsError(GenfleetError, ValueError):
+    """A setting's value refused, in one line naming its flag and variable, and why."""
+
+
+# Settings whose command-line flag is not the field's name.
+_FLAGS = {"upstreams": "--upstream", "in_flight_mode": "--in-flight"}
+
+
 def settings_with(**flags: Any) -> Settings:
-    """The settings from GENFLEET_* env vars, with the flags the user gave (not None) on top."""
-    return Settings(**{name: value for name, value in flags.items() if value is not None})
+    """The settings from GENFLEET_* env vars, with the flags the user gave (not None) on top; raises
+    SettingsError for the first value refused."""
+    try:
+        return Settings(**{name: value for name, value in flags.items() if value is not None})
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "settings"
+        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        why = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"{flag} / GENFLEET_{name.upper()}: {why}") from None
 
 
 def flower_auth_problem(auth: str | None) -> str | None:

@@ -8,12 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from genfleet import ToolError
 from genfleet.common.queues import LONG, SHORT
-from genfleet.common.reasoning import UnknownParserError, get_format
-from genfleet.common.settings import Settings, settings_with
+from genfleet.common.settings import Settings, SettingsError, settings_with
 from genfleet.producer.run_config import CliOptions, ConfigError, DatasetSpec, RunFile, load_run_file, resolve
 from genfleet.workers.servers.transport import upstream_problem
 
@@ -67,9 +64,8 @@ def resolve_preflight(flags: DoctorFlags) -> Preflight:
             upstreams=list(flags.upstreams) or None, redis_url=flags.redis_url or top.redis_url,
             output_dir=flags.output_dir, reasoning_parser=flags.reasoning_parser,
             tokenizer=flags.tokenizer or top.tokenizer)
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise PreflightError(f"setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    except SettingsError as error:
+        raise PreflightError(str(error)) from None
     _validate(settings, flags)
     cli = CliOptions(run=top.run or "doctor", tokenizer=str(settings.tokenizer or "-"),
                      max_queue_depth=flags.max_queue_depth, datasets=() if top.datasets else (_NO_DATASET,))
@@ -95,10 +91,6 @@ def resolve_preflight(flags: DoctorFlags) -> Preflight:
 
 
 def _validate(settings: Settings, flags: DoctorFlags) -> None:
-    try:
-        get_format(settings.reasoning_parser)
-    except UnknownParserError as error:
-        raise PreflightError(f"--reasoning-parser / GENFLEET_REASONING_PARSER: {error}") from None
     for url in settings.upstreams:
         if problem := upstream_problem(url):
             raise PreflightError(f"--upstream {url!r}: {problem}")

@@ -13,7 +13,7 @@ import typer
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.records import InFlight, choices
 from genfleet.common.redis_checks import durability_problems
-from genfleet.common.settings import flower_auth_problem, settings_with
+from genfleet.common.settings import SettingsError, flower_auth_problem, settings_with
 from genfleet.workers.servers.transport import upstream_problem
 
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
@@ -44,9 +44,11 @@ def worker_command(
         usage_error(f"--concurrency must be at least 1, got {concurrency}")
     if in_flight is not None and in_flight not in choices(InFlight):
         usage_error(f"--in-flight must be one of {', '.join(choices(InFlight))}, not {in_flight!r}")
-    settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, in_flight_mode=in_flight,
-                             api=api, tokenizer=tokenizer,
-                             redis_url=redis_url, metrics_port=metrics_port)
+    try:
+        settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, in_flight_mode=in_flight,
+                                 api=api, tokenizer=tokenizer, redis_url=redis_url, metrics_port=metrics_port)
+    except SettingsError as error:
+        usage_error(str(error))
     for url in settings.upstreams:  # a bad URL fails here, not on every attempt
         if problem := upstream_problem(url):
             usage_error(f"--upstream {url!r}: {problem}")

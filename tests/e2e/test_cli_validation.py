@@ -70,6 +70,20 @@ def test_worker_refuses_a_zero_concurrency():
     assert result.exit_code == 2 and result.stderr == "error: --concurrency must be at least 1, got 0\n", result.output
 
 
+@pytest.mark.parametrize(("variable", "value", "error"), [
+    ("GENFLEET_REASONING_PARSER", "qwen4", "error: --reasoning-parser / GENFLEET_REASONING_PARSER: unknown reasoning "
+                                           "parser 'qwen4'; choose one of "),
+    ("GENFLEET_API", "bogus", "error: --api / GENFLEET_API: Input should be 'generate' or 'chat'"),
+])
+def test_worker_refuses_a_bad_setting_in_one_line_naming_its_flag_and_variable(variable, value, error, monkeypatch):
+    # An unknown parser used to start a worker that failed every prompt's split; a bad API, a traceback.
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(cli_app, ["worker", "--pool", "short", "--upstream", "http://gpu1:30000",
+                                          "--redis-url", f"redis://127.0.0.1:{free_port()}/0"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(error), result.output
+
+
 def status_of(redis_url: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "genfleet", "status", "--run", "r", "--redis-url", redis_url],

@@ -105,7 +105,7 @@ class SimProcess:
         return self.process is not None and self.process.poll() is None
 
     def stats(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/sim/stats", timeout=5).raise_for_status().json()
+        return sim_stats(self.url)
 
     def reset_stats(self) -> dict[str, Any]:
         return httpx.post(f"{self.url}/sim/stats/reset", timeout=5).raise_for_status().json()
@@ -132,3 +132,8 @@ class SimProcess:
         except WaitTimeout:
             self.kill()
             raise RuntimeError(f"sim not healthy after {self.startup_timeout:g}s:\n{self.log_tail()}") from None
+
+
+def sim_stats(url: str) -> dict[str, Any]:
+    """A simulator's `/sim/stats`, wherever it runs (a process, or a thread of the test)."""
+    return httpx.get(f"{url}/sim/stats", timeout=5).raise_for_status().json()

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 
 from genfleet.common.records import TaskPayload
@@ -23,7 +22,7 @@ from genfleet.workers import tasks
 from genfleet.workers.runtime import WorkerRuntime
 from helpers.paths import TOKENIZER
 from helpers.sim_in_process import parse_sim_args
-from helpers.sim_process import free_port
+from helpers.sim_process import free_port, sim_stats
 from helpers.waits import wait_until
 
 
@@ -35,7 +34,7 @@ class ThreadedSim:
     server: SimServer
 
     def stats(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/sim/stats", timeout=5).raise_for_status().json()
+        return sim_stats(self.url)
 
 
 @contextmanager

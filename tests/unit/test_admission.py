@@ -138,7 +138,8 @@ def test_loads_of_every_data_parallel_rank_are_summed():
     assert load.token_usage == 0.44 and load.gen_throughput == 1750.5 and load.max_total_tokens == 400_000
 
 
-@pytest.mark.parametrize("body", [{}, {"loads": []}, {"loads": "x"}, {"loads": [{"num_running_reqs": 1}]}])
+@pytest.mark.parametrize("body", [{}, {"loads": []}, {"loads": "x"}, {"loads": ["x"]},
+                                  {"loads": [{"num_running_reqs": 1}]}])
 def test_an_answer_without_loads_is_refused(body):
     with pytest.raises((KeyError, ValueError)):
         load_from_loads(body)

@@ -48,3 +48,20 @@ def test_a_failure_on_the_wire_is_a_typed_error_and_writes_nothing(redis_url, re
             run_task(payload, runtime)
     assert failed.value.retryable and failed.value.upstream == sim.url
     assert shard_records(tmp_path, "r") == [] and not RunState(redis_client, "r").is_done("d", 5)
+
+
+def test_the_records_model_is_asked_with_no_slot_held(redis_url, tmp_path, tokenizer):
+    # A host slow to answer /model_info must not hold a slot of its own for it: the model is asked
+    # once the stream's slot is given back (and only for a record, not for each part or turn).
+    with sim_on_a_socket(*FAST) as sim, worker_runtime(redis_url, tmp_path, sim.url) as runtime:
+        held_when_asked: list[int] = []
+        info = runtime.server.info  # the SGLang kind's cache of /server_info and /model_info
+        ask = info.model_identity
+
+        def model_identity(upstream: str):
+            held_when_asked.append(runtime.upstreams.in_flight().get(upstream, 0))
+            return ask(upstream)
+
+        info.model_identity = model_identity  # type: ignore[method-assign]
+        run_task(prompt_payload(tokenizer, "r", "d", 6, "what is a heap?"), runtime)
+    assert held_when_asked == [0]

@@ -9,13 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from helpers.data import read_jsonl
 from helpers.fleet import shard_records
-from helpers.paths import TOKENIZER
-from helpers.sim_in_process import parse_sim_args
-from helpers.task_harness import prompt_payload, run_task, sim_on_a_socket, worker_runtime
+from helpers.task_harness import ThreadedSim, prompt_payload, run_task, sim_on_a_socket, worker_runtime
 
 from genfleet.common.reasoning import split_reasoning
 from genfleet.common.records import TaskPayload
-from genfleet.sim.vocab import SimVocab
 from genfleet.workers.runtime import WorkerRuntime
 
 THREADS = 8
@@ -36,10 +33,10 @@ def run_all(payloads: list[TaskPayload], runtime: WorkerRuntime) -> list[list[Ta
         return list(pool.map(lambda payload: run_to_the_end(payload, runtime), payloads))
 
 
-def planned_ids(flags: tuple[str, ...], payload: TaskPayload, max_new_tokens: int) -> list[int]:
-    settings = parse_sim_args(flags)
-    return settings.plan(payload.input_ids, vocab=SimVocab.from_tokenizer_dir(TOKENIZER),
-                         max_new_tokens=max_new_tokens).output_ids
+def planned_ids(sim: ThreadedSim, payload: TaskPayload, max_new_tokens: int) -> list[int]:
+    """What the simulator generates for `payload` asked `max_new_tokens` at once."""
+    return sim.server.settings.plan(payload.input_ids, vocab=sim.server.vocab,
+                                    max_new_tokens=max_new_tokens).output_ids
 
 
 def test_a_cut_completion_continued_is_the_two_parts_joined_byte_for_byte(redis_url, tmp_path, tokenizer):
@@ -67,7 +64,7 @@ def test_a_cut_completion_continued_is_the_two_parts_joined_byte_for_byte(redis_
         marker = "</think>" if split.closed else ""
         assert record["reasoning"] + marker + record["content"] == first["text"] + second["text"]
         # Statistically the same as asking the larger budget at once: here, the very same completion.
-        assert record["output_ids"] == planned_ids(flags, payload, 1000)
+        assert record["output_ids"] == planned_ids(sim, payload, 1000)
         assert record["partition"] == "long" and record["usage"]["completion_tokens"] == len(record["output_ids"])
 
 
@@ -106,7 +103,7 @@ def test_staged_first_caps_give_the_completions_of_the_full_cap_asked_at_once(re
     records = {r["id"]: r for r in shard_records(tmp_path / "out", "s")}
     assert len(records) == 24
     for payload in payloads:
-        record, expected = records[payload.id], planned_ids(flags, payload, 250)
+        record, expected = records[payload.id], planned_ids(sim, payload, 250)
         assert record["output_ids"] == expected
         assert record["finish_reason"] == ("length" if len(expected) == 250 else "stop")
         assert len(first_requests[tuple(payload.input_ids)]["output_ids"]) == min(64, len(expected))

@@ -153,6 +153,25 @@ def test_the_probe_thread_brings_a_recovered_host_back_by_itself(health_probe):
             pool.stop_probes()
 
 
+def test_the_probe_thread_outlives_a_probe_that_raises():
+    """At shutdown the worker closes the client the probe uses while a probe may be running: the
+    probe raises, and the thread must go on probing (and stop when told), not die."""
+    calls: list[str] = []
+
+    def probe(url: str) -> bool:
+        calls.append(url)
+        if len(calls) == 1:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        return True
+
+    pool = UpstreamPool([A], per_upstream_cap=4, healthy=probe, probe_interval_s=0.02)
+    pool.start_probes()
+    try:
+        wait_until(lambda: len(calls) >= 3, timeout=10, interval=0.02, message="the prober stopped probing")
+    finally:
+        pool.stop_probes()
+
+
 def test_urls_are_normalised_and_a_pool_needs_at_least_one():
     assert UpstreamPool([A + "/", B], per_upstream_cap=1, healthy=always_healthy).urls == [A, B]
     with pytest.raises(NoUpstreamError, match="--upstream"):

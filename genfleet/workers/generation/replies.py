@@ -291,7 +291,7 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             messages=prompt if settings.api == "chat" else None, input_ids=input_ids, text=payload.text,
             chat_template_kwargs=payload.chat_template_kwargs, skip_special_tokens=settings.skip_special_tokens,
             stream_interval=settings.stream_interval,
-            starts_in_reasoning=settings.api != "chat" and in_reasoning(payload, settings.reasoning_parser, prior))
+            starts_in_reasoning=in_reasoning(payload, settings.reasoning_parser, prior))
         try:
             generation = runtime.server.generate(upstream, request, deadline=deadline, should_stop=stop, watch=watch)
         except GenerationError as error:

@@ -80,7 +80,7 @@ def load_from_loads(body: Any) -> ServerLoad:
     `managers/scheduler_components/load_inquirer.py::get_loads`), summed over its data-parallel
     ranks; raises ValueError, KeyError or TypeError for an answer that is not a load."""
     loads = body["loads"]
-    if not isinstance(loads, list) or not loads:
+    if not isinstance(loads, list) or not loads or not all(isinstance(load, dict) for load in loads):
         raise ValueError("no loads in the answer")
     usage = [float(load.get("token_usage") or 0.0) for load in loads]
     capacity = [load.get("max_total_num_tokens") for load in loads]
@@ -193,7 +193,7 @@ class ServerInfo:
         try:
             response.raise_for_status()
             return LoadReading(load_from_loads(response.json()))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as error:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{LOADS_PATH} unreadable: {error}")
 
     def health(self, upstream: str, timeout_s: float) -> Health:
