@@ -67,11 +67,12 @@ test-fast: install redis-server
 	$(PY) -m pytest -n 2 tests/unit
 
 # Both tiers, the fast one first: then tests/e2e/ (real workers, the simulator over HTTP, real files),
-# two test processes at once (pytest-xdist): most of an end-to-end test's time is a simulated GPU's,
-# not this machine's CPU, so two share two cores (~4.5 min instead of ~9). Each process has its own
-# redis-server, ports and temp dirs (tests/conftest.py).
+# four test processes at once (pytest-xdist): most of an end-to-end test's time is a simulated GPU's
+# or a lease's, not this machine's CPU. On 2 cores, -n 2 kept them ~50% busy (342 s, 328 CPU-s);
+# -n 4 takes 219 s. Each process has its own redis-server, ports and temp dirs (tests/conftest.py),
+# and no assertion is decided by a fixed sleep, so a busier machine makes tests slower, not red.
 test: install redis-server chromium prometheus tmux test-fast
-	$(PY) -m pytest -n 2 tests/e2e
+	$(PY) -m pytest -n 4 tests/e2e
 
 # The real-server tier: the fleet against SGLang 0.5.23's own server (its CPU engine; only the
 # model's forward pass is replaced by a deterministic plan, tests/sglang_real/forward_patch.py).
