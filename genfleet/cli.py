@@ -9,6 +9,7 @@ import typer
 from genfleet.demo import demo_command
 from genfleet.doctor.command import doctor_command
 from genfleet.export.command import export_command
+from genfleet.onebox.command import run_command
 from genfleet.producer.command import enqueue_command
 from genfleet.recover import recover_command
 from genfleet.requeue import failures_command, requeue_command
@@ -18,8 +19,9 @@ from genfleet.workers.command import flower_command, worker_command
 
 # typer's --install-completion and --show-completion (add_completion is on by default; typer 0.29
 # typer/completion.py): bash, zsh, fish, PowerShell, the shell found among the parent processes.
-app = typer.Typer(no_args_is_help=True,
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                   help="Run large prompt datasets through SGLang servers as a Celery fleet.")
+app.command("run")(run_command)
 app.command("enqueue")(enqueue_command)
 app.command("worker")(worker_command)
 app.command("status")(status_command)

@@ -30,9 +30,7 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -44,7 +42,7 @@ import redis
 import typer
 from rich.live import Live
 
-from genfleet import ToolError
+from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, wait_for
 from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
 from genfleet.status.read_model import RunStatus, read_status
 from genfleet.status.render import render, wide_console
@@ -187,10 +185,6 @@ REDIS_MISSING = ("genfleet demo: redis-server is not on PATH; install it (Debian
                  "`sudo apt-get install redis-server`, macOS: `brew install redis`) and retry")
 
 
-class DemoError(ToolError):
-    """A process of the demo's did not come up or died; the message says which and where its log is."""
-
-
 @dataclass(frozen=True)
 class DemoOptions:
     workdir: Path
@@ -221,7 +215,7 @@ def demo_command(
     except KeyboardInterrupt:
         console.print("stopped")
         raise typer.Exit(130) from None
-    except DemoError as error:
+    except ChildFailed as error:
         typer.echo(f"genfleet demo: {error}", err=True)
         raise typer.Exit(1) from None
 
@@ -257,7 +251,7 @@ def run_demo(options: DemoOptions) -> None:
         enqueue = subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(DEFAULT_TOKENIZER_DIR),
                                           *datasets), env=env, start_new_session=True)
         if enqueue.returncode != 0:
-            raise DemoError(f"genfleet enqueue exited ({enqueue.returncode}); its error is above")
+            raise ChildFailed(f"genfleet enqueue exited ({enqueue.returncode}); its error is above")
         status, elapsed = _show_progress_until_finished(client, run, processes)
         _print_summary(status, elapsed, workdir / "output" / run)
         if options.hold:
@@ -267,76 +261,13 @@ def run_demo(options: DemoOptions) -> None:
                 time.sleep(1)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Processes:
-    """Child processes in their own process groups, all stopped on exit (Ctrl-C included)."""
-
-    def __init__(self, logs: Path, env: dict[str, str]) -> None:
-        self.logs, self.env = logs, env
-        self.children: list[tuple[str, subprocess.Popen]] = []
-
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
-        process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        self.children.append((name, process))
-        return process
-
-    def check_alive(self) -> None:
-        for name, process in self.children:
-            if process.poll() is not None:
-                raise DemoError(f"{name} exited ({process.returncode}); see {self.logs / (name + '.log')}")
-
-    def stop_all(self) -> None:
-        """Everything else first, together; Redis last: a worker shutting down still acks, releases
-        its leases and closes its shards (renames the `.open` files) through it."""
-        _stop([process for name, process in self.children if name != "redis"])
-        _stop([process for name, process in self.children if name == "redis"])
-
-
-def _stop(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def wait_for(check, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except DemoError:
-            raise
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.2)
-    raise DemoError(f"{what} did not come up within {timeout:.0f} s")
-
-
-def genfleet(*args: str) -> list[str]:
-    """A genfleet command run by this same interpreter: the installed package's, wherever it is."""
-    return [sys.executable, "-m", "genfleet", *args]
-
-
 def _start_redis(processes: Processes, stack: ExitStack, port: int, url: str) -> redis.Redis:
     redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
     stack.callback(shutil.rmtree, redis_dir, True)
     # The broker settings docs/ARCHITECTURE.md asks for: AOF every second, never evict a queued task.
     processes.start("redis", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
                     "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
-                    "--maxmemory-policy", "noeviction", "--save", "")
+                    "--maxmemory-policy", "noeviction", "--save", "", on_parent_death=signal.SIGTERM)
     client = redis.Redis.from_url(url)
     wait_for(client.ping, "redis-server")
     return client
@@ -386,7 +317,3 @@ def _print_summary(status: RunStatus, elapsed: float, shards: Path) -> None:
                   f"({totals.completion_tokens / elapsed:,.0f} tok/s)")
     console.print(f"shards: {shards}")
 
-
-if __name__ == "__main__":
-    # `python -m genfleet.demo`, as the README said before `genfleet demo` existed.
-    typer.run(demo_command)

@@ -11,6 +11,7 @@ import typer
 from genfleet.common.rebuild import recover
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
+from genfleet.onebox.embedded_redis import reach_redis
 
 
 def recover_command(
@@ -24,12 +25,13 @@ def recover_command(
     from rich.console import Console
     from rich.table import Table
 
-    settings = Settings(redis_url=redis_url) if redis_url else Settings()
+    settings = Settings()
     for directory in from_dirs:
         if not directory.is_dir():
             raise typer.BadParameter(f"{directory} is not a directory", param_hint="--from")
-    state = RunState(connect(settings.redis_url, timeout_s=30.0), run)
-    found = recover(state, from_dirs, reasoning_parser=settings.reasoning_parser)
+    with reach_redis(redis_url, *from_dirs) as url:
+        state = RunState(connect(url, timeout_s=30.0), run)
+        found = recover(state, from_dirs, reasoning_parser=settings.reasoning_parser)
     console = Console()
     table = Table(title=f"recovered from the shards · run {run}")
     for column in ("dataset", "records", "settled now", "already settled", "without a row"):

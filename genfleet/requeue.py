@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
@@ -17,6 +18,7 @@ from celery import Celery
 from genfleet.common.queues import GENERATE_TASK
 from genfleet.common.run_state import DeadLetter, RunState, connect
 from genfleet.common.settings import Settings
+from genfleet.onebox.embedded_redis import reach_redis
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,12 @@ def requeue(state: RunState, app: Celery, letters: Iterable[DeadLetter], *,
     return count
 
 
-def _settings(redis_url: str | None) -> Settings:
-    """GENFLEET_* env vars, with the `--redis-url` flag on top."""
-    return Settings(redis_url=redis_url) if redis_url else Settings()
+@contextmanager
+def _settings(redis_url: str | None) -> Iterator[Settings]:
+    """GENFLEET_* env vars, with the Redis the command reaches on top: `--redis-url`, else
+    GENFLEET_REDIS_URL, else a one-box job's embedded Redis (`onebox/embedded_redis.py`)."""
+    with reach_redis(redis_url) as url:
+        yield Settings(redis_url=url)
 
 
 def failures_command(
@@ -77,7 +82,8 @@ def failures_command(
     from rich.markup import escape
     from rich.table import Table
 
-    letters = RunState(connect(_settings(redis_url).redis_url), run).read_dead_letters()
+    with _settings(redis_url) as settings:
+        letters = RunState(connect(settings.redis_url), run).read_dead_letters()
     table = Table(title=f"dead letters · run {run} · {len(letters)} prompts")
     for column in ("count", "class", "message", "example id"):
         table.add_column(column, justify="right" if column == "count" else "left")
@@ -99,22 +105,23 @@ def requeue_command(
     """Put dead letters back on their queue; each leaves the store only once re-published."""
     from rich.console import Console
 
-    settings = _settings(redis_url)
-    state = RunState(connect(settings.redis_url), run)
-    chosen = select(state.read_dead_letters(), dataset=dataset, error_class=error_class, match=match)
-    console = Console()
-    if dry_run:
-        for letter in chosen:
-            console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})", markup=False)
-        console.print(f"{len(chosen)} dead letters would be requeued")
-        return
-    from genfleet.progress import terminal_progress
-    from genfleet.workers.lifecycle import create_app
+    with _settings(redis_url) as settings:
+        state = RunState(connect(settings.redis_url), run)
+        chosen = select(state.read_dead_letters(), dataset=dataset, error_class=error_class, match=match)
+        console = Console()
+        if dry_run:
+            for letter in chosen:
+                console.print(f"would requeue {letter.id} ({letter.error_class}: {letter.message[:100]})",
+                              markup=False)
+            console.print(f"{len(chosen)} dead letters would be requeued")
+            return
+        from genfleet.progress import terminal_progress
+        from genfleet.workers.lifecycle import create_app
 
-    app = create_app(settings)
-    # Each letter is published and dropped from the store one by one: thousands take a while. The bar
-    # (rate, ETA) is on stderr and only on a terminal; stdout keeps the lines scripts read.
-    with terminal_progress(Console(stderr=True), transient=True) as progress:
-        letters = progress.track(chosen, description="requeueing dead letters")
-        count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
-    console.print(f"requeued {count} dead letters of run {run}")
+        app = create_app(settings)
+        # Each letter is published and dropped from the store one by one: thousands take a while. The
+        # bar (rate, ETA) is on stderr and only on a terminal; stdout keeps the lines scripts read.
+        with terminal_progress(Console(stderr=True), transient=True) as progress:
+            letters = progress.track(chosen, description="requeueing dead letters")
+            count = requeue(state, app, letters, max_new_tokens=max_new_tokens)
+        console.print(f"requeued {count} dead letters of run {run}")

@@ -54,3 +54,6 @@ _.do_GET, _.do_POST, _.log_message, _.close_connection, daemon_threads, _.option
 _.binary_location
 pytest_collection_modifyitems, pytest_configure
 __getattr__, _.__getattr__, _.__path__, _.create_module, _.exec_module
+
+# `inspect.signature` (and so typer) reads a function's `__signature__` (genfleet/onebox/command.py).
+_.__signature__

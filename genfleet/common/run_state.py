@@ -177,6 +177,16 @@ class RunManifest:
         """`enqueue --new-run`: the run that replaced this one (the one field that may change)."""
         self.redis.hset(self.keys.manifest, ManifestFields.SUCCESSOR, successor)
 
+    def forget_if_unpublished(self) -> bool:
+        """Drops the manifest of a run that never published a prompt (every row was rejected), so a
+        corrected command may enqueue under the same name; returns whether it did. Atomic: a
+        publish that lands meanwhile keeps the manifest."""
+        names = self.datasets()
+        counters = [self.keys.counters(name) for name in names]
+        forgotten = self.redis.eval(_FORGET_IF_UNPUBLISHED, 2 + len(counters), self.keys.manifest,
+                                    self.keys.datasets, *counters)
+        return bool(forgotten)
+
     # --- readers ---------------------------------------------------------------------------
     def fields(self) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.manifest).items()}
@@ -205,6 +215,15 @@ COUNTER_FIELDS = (
     # cap too: `--first-max-new-tokens`) or asked again.
     "integrity", "looped", "looped_tokens", "continued", "regenerated",
 )
+
+# KEYS: the manifest, the datasets set, then each dataset's counters hash.
+_FORGET_IF_UNPUBLISHED = """
+for i = 3, #KEYS do
+  if tonumber(redis.call('HGET', KEYS[i], 'total') or '0') > 0 then return 0 end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
 
 _SUSPECTS = "suspects:"  # field prefix in the run's `unaccounted` hash
 # The scripts live beside this module as files (as dramatiq keeps its broker's Lua scripts).

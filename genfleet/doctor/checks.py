@@ -297,7 +297,8 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
         status = Status.FAIL if settings.api == "chat" else Status.WARN
         findings.append((status, f"the server's reasoning parser is {server_parser}, genfleet splits with "
                                  f"{settings.reasoning_parser}",
-                         f"GENFLEET_REASONING_PARSER={server_parser} if that is the model's parser"))
+                         f"GENFLEET_REASONING_PARSER={server_parser} if that is the model's parser "
+                         "(`genfleet run` takes the server's when none is set)"))
     if info.incremental is None:
         findings.append((Status.WARN, "no stream mode reported: workers infer it from the chunks",
                          "run a server that reports its settings (SGLang 0.5.23's /server_info does)"))

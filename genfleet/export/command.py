@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
@@ -24,6 +25,7 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from genfleet.export.formats import FORMATS, BuiltFormat, FormatInputs
+from genfleet.onebox.embedded_redis import reach_redis
 from genfleet.progress import BYTES, terminal_progress
 
 
@@ -189,8 +191,6 @@ def export_command(
     _check_push_options(push_to_hub, private, dry_run)
     # Findings go to stderr unwrapped, so a file:line in them stays whole for grep and scripts.
     err = Console(stderr=True, soft_wrap=True)
-    ledger, reconciler = _open_run(err, run, redis_url) if reconcile else (None, None)
-    built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs))
     options = ExportOptions(
         run=run, sources=tuple(from_dirs), out=out, format=format_name,
         filters=RecordFilters(drop_truncated=drop_truncated, require_reasoning=require_reasoning,
@@ -199,8 +199,14 @@ def export_command(
         max_records_per_file=max_records_per_file, per_dataset=per_dataset, merged=merged,
         shuffle_buffer_bytes=shuffle_buffer_mb << 20,
     )
-    started = time.monotonic()
-    report = _export(err, options, built, ledger, reconciler)
+    with ExitStack() as stack:
+        # The run's Redis, up while the export reads it: --redis-url, GENFLEET_REDIS_URL, or the
+        # embedded one of a `genfleet run` job on one of the --from directories.
+        ledger, reconciler = (_open_run(err, run, stack.enter_context(reach_redis(redis_url, *from_dirs)))
+                              if reconcile else (None, None))
+        built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs))
+        started = time.monotonic()
+        report = _export(err, options, built, ledger, reconciler)
     _show(err, report, started)
     if not report.complete:
         if push_to_hub:
@@ -236,24 +242,24 @@ def _check_push_options(repo: str | None, private: bool, dry_run: bool) -> None:
         raise typer.BadParameter(str(error)) from None
 
 
-def _open_run(err: Console, run: str, redis_url: str | None) -> tuple[RunLedger, Reconciler]:
+def _open_run(err: Console, run: str, url: str) -> tuple[RunLedger, Reconciler]:
     """The run as Redis holds it, to reconcile the shards against; aborts if Redis cannot say."""
     import redis
 
     from genfleet.common.run_state import RunState
-    from genfleet.common.settings import Settings
+    from genfleet.common.settings import printable_url
     from genfleet.export.reconcile import Reconciler, RunLedger
 
-    url = redis_url or Settings().redis_url
     try:
         # Fail fast: a worker's client rides out a Redis restart for minutes, a command should not.
         state = RunState(redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=60), run)
         datasets = state.datasets()
     except Exception as error:  # noqa: BLE001 - any Redis failure: say where, and the way out
-        _abort(err, f"cannot read run {run!r} from Redis at {url}: {error}; pass --no-reconcile to export "
-                    "shards without their Redis")
+        _abort(err, f"cannot read run {run!r} from Redis at {printable_url(url)}: {error}; pass --no-reconcile "
+                    "to export shards without their Redis")
     if not datasets:
-        _abort(err, f"Redis at {url} has no run {run!r}; pass --no-reconcile to export shards without their Redis")
+        _abort(err, f"Redis at {printable_url(url)} has no run {run!r}; pass --no-reconcile to export shards "
+                    "without their Redis")
     ledger = RunLedger.read(state)
     return ledger, Reconciler(state, ledger)
 

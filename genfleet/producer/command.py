@@ -211,6 +211,33 @@ def _enqueue(config: RunConfig, templater: PromptTemplater, *, new_run: bool, re
         finally:
             publisher.close()
     Console().print(results_table(run, reports, time.monotonic() - started))
+    for problem in nothing_accepted(reports):
+        console.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
+    if reports and not any(_accepted(report) for report in reports):
+        # Exit 0 here once let a job "finish" with nothing done; the warnings above say why and the fix.
+        console.print("[red]error:[/] no prompt was enqueued or is in the run", soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _accepted(report: DatasetReport) -> int:
+    return report.total_enqueued + report.already_queued + report.already_done
+
+
+def nothing_accepted(reports: list[DatasetReport]) -> list[str]:
+    """A line per dataset whose every row was rejected, naming the fix when the context was why."""
+    lines = []
+    for report in reports:
+        if _accepted(report) or not report.rejected:
+            continue
+        line = f"{report.dataset}: every row was rejected ({report.rejected:,})"
+        too_long = report.rejected_by_kind["prompt too long"]
+        if too_long:
+            line += (f"; {too_long:,} too long for the context: lower --max-new-tokens-short / --max-new-tokens-long "
+                     "(or --max-new-tokens), or pass --context-rule clip to give each prompt what is left of it")
+        else:
+            line += "; the reasons are above"
+        lines.append(line)
+    return lines
 
 
 def _recover_from_disk(client: redis.Redis, run: str, config: RunConfig) -> None:
@@ -241,6 +268,8 @@ def _dry_run(config: RunConfig, templater: PromptTemplater) -> None:
     rejected = rejections_table(reports)
     if rejected is not None:
         out.print(rejected)
+    for problem in nothing_accepted(reports):
+        console.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
 
 
 def _one_dataset(config: RunConfig, run: str, dataset: Any, templater: PromptTemplater,

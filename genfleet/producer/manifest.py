@@ -1,6 +1,7 @@
 """The run manifest: what config a run's prompts were enqueued with, so a re-run cannot quietly mix
 two configs in one run. A re-run with a different config is refused, unless `--new-run`, which
-enqueues into a fresh run named after the config instead (`{run}-cfg{hash8}`).
+enqueues into a fresh run named after the config instead (`{run}-cfg{hash8}`). A run that never
+published a prompt (every row rejected) holds nothing to mix: its config gives way to the new one.
 
 Hashed (a change means different completions): the tokenizer's files (model identity and chat
 template), the reasoning parser, `regenerate`, `keep_token_ids`; per dataset its row format and
@@ -108,8 +109,13 @@ class Manifest:
 def resolve_run(client: redis.Redis, config: RunConfig, identity: RunIdentity, *, new_run: bool) -> str:
     """The run to enqueue into: the requested one if its config matches (or it is new); with
     `new_run`, a fresh run named after the config when it does not; otherwise `ConfigChanged`."""
-    differences = Manifest(client, config.run).differences(identity)
+    manifest = Manifest(client, config.run)
+    differences = manifest.differences(identity)
     if not differences:
+        return config.run
+    if manifest.store.forget_if_unpublished():
+        # Every row of the earlier command was rejected (e.g. too long for the context): nothing
+        # under its config exists, so the corrected command takes the name.
         return config.run
     fresh = identity.new_run_name(config.run)
     if not new_run:

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, flower_auth_problem, printable_url
+from genfleet.onebox.embedded_redis import reach_redis
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings, alarms
 from genfleet.status.read_model import read_status
 from genfleet.status.render import keys_not_echoed, render, status_console, status_json
@@ -45,14 +46,18 @@ def status_command(
     flower_url: Annotated[str, typer.Option(help="Flower, for --serve's links to failed tasks")] = "http://127.0.0.1:5555",
 ) -> None:
     """Per-dataset progress, rates, completion lengths, ETA and alarms of a run."""
-    url = redis_url or Settings().redis_url
-    if serve is not None:
-        serve_page(url, run, port=serve, bind=bind, flower_url=flower_url, auth=Settings().flower_auth,
-                   settings=AlarmSettings(no_progress_s=no_progress_minutes * 60), redis_timeout_s=REDIS_TIMEOUT_S)
-        return
+    with reach_redis(redis_url) as url:
+        if serve is not None:
+            serve_page(url, run, port=serve, bind=bind, flower_url=flower_url, auth=Settings().flower_auth,
+                       settings=AlarmSettings(no_progress_s=no_progress_minutes * 60),
+                       redis_timeout_s=REDIS_TIMEOUT_S)
+            return
+        _status_or_error(url, run, watch, as_json, AlarmSettings(no_progress_s=no_progress_minutes * 60), wide)
+
+
+def _status_or_error(url: str, run: str, watch: bool, as_json: bool, settings: AlarmSettings, wide: bool) -> None:
     try:
-        _status(connect(url, timeout_s=REDIS_TIMEOUT_S), run, watch, as_json,
-                AlarmSettings(no_progress_s=no_progress_minutes * 60), wide=wide)
+        _status(connect(url, timeout_s=REDIS_TIMEOUT_S), run, watch, as_json, settings, wide=wide)
     except redis.RedisError as error:
         Console(stderr=True).print(f"[red]error:[/] Redis at {escape(printable_url(url))}: "
                                    f"{escape(str(error) or type(error).__name__)}", soft_wrap=True)

@@ -283,8 +283,40 @@ def _dataset_rows(status: RunStatus) -> list[DatasetStatus]:
 
 def _title(status: RunStatus) -> str:
     totals = status.totals.progress
-    return (f"run {status.run} · {totals.done:,}/{totals.total:,} done · {status.workers} workers"
-            + (f" · ETA {_eta(status.totals.eta)}" if not status.finished else " · finished"))
+    return f"run {status.run} · {totals.done:,}/{totals.total:,} done · {status.workers} workers · {_state(status)}"
+
+
+def _state(status: RunStatus) -> str:
+    """Finished, nothing enqueued (every row rejected, or still being read), or the ETA."""
+    if not status.totals.progress.total:
+        return "nothing enqueued"
+    return "finished" if status.finished else f"ETA {_eta(status.totals.eta)}"
+
+
+def progress_lines(status: RunStatus, clock: str) -> list[str]:
+    """One plain line per dataset, for a log or a pipe (no terminal to redraw): done/total, the
+    last minute's req/min and tok/s, failed, ETA. `clock` starts each line (e.g. "12:00:05")."""
+    lines = []
+    for row in status.datasets:
+        d, rates = row.progress, row.rates["1m"]
+        state = "done" if d.total and not d.pending else ("waiting" if not d.total else f"ETA {_eta(row.eta)}")
+        lines.append(f"{clock} {d.dataset}: {d.done:,}/{d.total:,} done ({_done_percent(d)}%) · "
+                     f"{rates.req_per_min:,.0f} req/min · {rates.tok_per_s:,.0f} tok/s · {d.failed:,} failed · "
+                     f"{state}")
+    return lines
+
+
+def progress_bars(status: RunStatus) -> Table:
+    """A bar per dataset with done/total and its ETA: the head of `genfleet run`'s live view."""
+    from rich.progress_bar import ProgressBar
+
+    table = Table.grid(padding=(0, 1))
+    for row in _dataset_rows(status):
+        d = row.progress
+        state = "done" if d.total and not d.pending else ("waiting" if not d.total else f"ETA {_eta(row.eta)}")
+        table.add_row(escape(d.dataset), ProgressBar(total=max(d.total, 1), completed=d.done, width=30),
+                      f"{d.done:,}/{d.total:,}", f"[red]{d.failed:,} failed[/]" if d.failed else "", state)
+    return table
 
 
 def partition_table(status: RunStatus) -> Table:

@@ -1,0 +1,384 @@
+"""`genfleet run`'s life, in the foreground: Redis (the one named, else the embedded one), the short
+and long pools (`genfleet worker`, the same workers a fleet runs), the producer (`genfleet enqueue`)
+beside them, progress until every prompt is settled, the summary and the exit status.
+
+- **Ending.** The job ends once the producer has exited 0 and every enqueued prompt is done,
+  dead-lettered or skipped. Exit 0 if none failed, 1 otherwise (with the `failures` / `requeue`
+  commands to run); the producer's own status if it refused (2: a bad flag, 1: nothing to do).
+- **Stopping.** The first Ctrl-C or SIGTERM stops the producer (each batch is published whole, so
+  a re-run resumes), then the workers: their running streams get `shutdown_grace_s` to finish, the
+  rest go back to the queue (`workers/lifecycle.py`). Redis stops last, writing out its AOF. A
+  second signal kills the children at once (Redis still writes its AOF).
+- **Resuming.** The same command again reuses the embedded Redis's data: nothing done is generated
+  again. After `kill -9` of the whole tree (the children die with it: `processes.py`), the AOF holds
+  all but the last second, and the producer settles what the shards hold before it publishes.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import redis
+from rich.console import Console, Group
+from rich.markup import escape
+
+from genfleet.common.reasoning import get_format
+from genfleet.common.run_state import connect
+from genfleet.common.settings import Settings, printable_url
+from genfleet.onebox.embedded_redis import EmbeddedRedis, Listen
+from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free
+from genfleet.status.read_model import RunStatus, read_status
+from genfleet.status.render import progress_bars, progress_lines, render
+from genfleet.workers.servers.api import ServerDescription
+from genfleet.workers.telemetry import DEFAULT_PORTS
+
+POLL_S = 1.0
+REDIS_TIMEOUT_S = 10.0
+# Lines of the producer's log shown when it ends (the rest stay in the file).
+ENQUEUE_LOG_LINES = 60
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    run: str
+    upstreams: tuple[str, ...]
+    out: Path
+    enqueue_args: tuple[str, ...]  # `genfleet enqueue` arguments, every one the user gave
+    redis_url: str | None  # named by the user (flag, run file or GENFLEET_REDIS_URL); None: embedded
+    tokenizer: str | None = None
+    concurrency: dict[str, int | None] = field(default_factory=lambda: {"short": None, "long": None})
+    in_flight: str | None = None
+    api: str | None = None
+    listen: Listen | None = None
+    flower_port: int | None = None
+    serve_port: int | None = None
+    progress_every_s: float = 30.0
+    export_format: str | None = None
+    export_to: Path | None = None
+    context_length_given: bool = False  # else the server's context, when it says, is the producer's
+
+
+@contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """SIGTERM, as SIGINT, raises KeyboardInterrupt in the main thread; yields the signals received
+    so far, so the job tells a first one (stop gracefully) from a second (stop at once)."""
+    asked: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        asked.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+class Job:
+    def __init__(self, plan: JobPlan, console: Console) -> None:
+        self.plan, self.console = plan, console
+        self.out = plan.out.resolve()
+        self.logs = self.out / "logs" / plan.run
+        self.embedded = None if plan.redis_url else EmbeddedRedis(self.out)
+        self.settings = Settings()
+        self.processes: Processes | None = None
+        self.enqueue_reported = False
+        self.started = time.monotonic()
+
+    def run(self) -> int:
+        """The job, start to end; returns the exit status."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with _stop_signals() as asked:
+            try:
+                return self._run()
+            except KeyboardInterrupt:
+                return self._stop(asked)
+            finally:
+                self._release_redis()
+
+    def _run(self) -> int:
+        plan = self.plan
+        url = self._start_redis()
+        client = connect(url, timeout_s=REDIS_TIMEOUT_S)
+        description = self._describe_server()
+        env = self._child_env(url, description)
+        self.processes = processes = Processes(self.logs, env)
+        metrics = self._start_pools(processes)
+        flower_auth = self._start_watchers(processes, env)
+        enqueue = processes.start("enqueue", *genfleet("enqueue", *plan.enqueue_args, *self._context_args(description)))
+        self._print_header(url, metrics, flower_auth, env)
+        try:
+            status = self._watch(client, enqueue)
+        except ChildFailed as failure:
+            self.console.print(f"[red]error:[/] {escape(str(failure))}", soft_wrap=True)
+            self._print_log_tail(failure)
+            self._stop_children()
+            return 1
+        if status is None:  # the producer refused or failed: its words are above
+            self._stop_children()
+            return enqueue.returncode or 1
+        self._stop_children()
+        exported = self._export()
+        return self._summary(status, exported)
+
+    # --- start ------------------------------------------------------------------------------
+    def _start_redis(self) -> str:
+        if self.embedded is None:
+            assert self.plan.redis_url is not None
+            return self.plan.redis_url
+        endpoint = self.embedded.start(self.plan.listen)
+        return self.embedded.url(endpoint)
+
+    def _describe_server(self) -> ServerDescription | None:
+        """What the first upstream says of itself (its reasoning parser and context), or None."""
+        from genfleet.workers.servers.sglang import SglangServer
+
+        server = SglangServer(max_connections=2, connect_timeout_s=5.0, stall_timeout_s=10.0)
+        try:
+            return server.describe(self.plan.upstreams[0])
+        except Exception as error:  # noqa: BLE001 - any failure: the workers wait for it, retrying
+            self.console.print(f"[yellow]note:[/] {escape(self.plan.upstreams[0])} did not describe itself "
+                               f"({escape(str(error) or type(error).__name__)}); the workers wait for it",
+                               soft_wrap=True)
+            return None
+        finally:
+            server.close()
+
+    def _child_env(self, url: str, description: ServerDescription | None) -> dict[str, str]:
+        env = {**os.environ, "GENFLEET_REDIS_URL": url, "GENFLEET_OUTPUT_DIR": str(self.out),
+               "PYTHONUNBUFFERED": "1", "COLUMNS": str(max(self.console.width, 100))}
+        parser = description.reasoning_parser if description else None
+        if parser and "reasoning_parser" not in self.settings.model_fields_set:
+            try:
+                get_format(parser)
+            except ValueError:
+                self.console.print(f"[yellow]note:[/] the server splits reasoning with {escape(parser)!r}, which "
+                                   f"genfleet does not know; using {self.settings.reasoning_parser!r} "
+                                   "(set GENFLEET_REASONING_PARSER to choose)", soft_wrap=True)
+            else:
+                # The parser is part of the run's config: the producer records it, the workers split with it.
+                env["GENFLEET_REASONING_PARSER"] = parser
+        return env
+
+    def _context_args(self, description: ServerDescription | None) -> tuple[str, ...]:
+        """The server's context for the producer's check, unless the user gave one."""
+        if self.plan.context_length_given or description is None or not description.context_length:
+            return ()
+        return ("--context-length", str(description.context_length))
+
+    def _start_pools(self, processes: Processes) -> dict[str, int]:
+        plan, metrics = self.plan, {}
+        for pool in ("short", "long"):
+            # Each pool's usual port (what a Prometheus scrape config names) while it is free;
+            # GENFLEET_METRICS_PORT=0 turns both off.
+            if self.settings.metrics_port == 0:
+                port = 0
+            else:
+                port = DEFAULT_PORTS[pool] if port_is_free(DEFAULT_PORTS[pool]) else free_port()
+            metrics[pool] = port
+            args = ["--pool", pool, "--metrics-port", str(port), "--loglevel", "WARNING"]
+            args += [arg for url in plan.upstreams for arg in ("--upstream", url)]
+            if plan.concurrency.get(pool) is not None:
+                args += ["--concurrency", str(plan.concurrency[pool])]
+            for flag, value in (("--in-flight", plan.in_flight), ("--api", plan.api), ("--tokenizer", plan.tokenizer)):
+                if value is not None:
+                    args += [flag, value]
+            processes.start(f"worker-{pool}", *genfleet("worker", *args))
+        return metrics
+
+    def _start_watchers(self, processes: Processes, env: dict[str, str]) -> str | None:
+        """Flower (`--flower`) and the status page (`--serve`); returns Flower's user:password."""
+        auth = None
+        if self.plan.flower_port is not None:
+            auth = env.get("GENFLEET_FLOWER_AUTH") or f"genfleet:{secrets.token_hex(8)}"
+            env["GENFLEET_FLOWER_AUTH"] = auth
+            processes.start("flower", *genfleet("flower", "--port", str(self.plan.flower_port)))
+        if self.plan.serve_port is not None:
+            processes.start("status-page", *genfleet("status", "--run", self.plan.run, "--serve",
+                                                     str(self.plan.serve_port)))
+        return auth
+
+    def _print_header(self, url: str, metrics: dict[str, int], flower_auth: str | None, env: dict[str, str]) -> None:
+        plan, say = self.plan, self.console.print
+        where = (f"embedded Redis in {self.embedded.directory}" if self.embedded else printable_url(url))
+        say(f"[bold]genfleet run[/] [cyan]{escape(plan.run)}[/] · {', '.join(map(escape, plan.upstreams))} · "
+            f"{escape(where)}", soft_wrap=True)
+        say(f"shards: {escape(str(self.out / plan.run))} · logs: {escape(str(self.logs))} · metrics: "
+            + (" · ".join(f"{pool} :{port}" for pool, port in metrics.items()) if all(metrics.values()) else "off"),
+            soft_wrap=True)
+        if "GENFLEET_REASONING_PARSER" in env and "reasoning_parser" not in self.settings.model_fields_set:
+            say(f"reasoning parser: {env['GENFLEET_REASONING_PARSER']} (the server's)")
+        if plan.flower_port is not None:
+            say(f"Flower: http://127.0.0.1:{plan.flower_port} (user:password {escape(flower_auth or '')})")
+        if plan.serve_port is not None:
+            say(f"status page: http://127.0.0.1:{plan.serve_port}/")
+        if plan.listen is not None and self.embedded is not None:
+            self._print_fleet_lines(env)
+        say("Ctrl-C stops (in-flight prompts finish or go back to the queue; the same command resumes)")
+
+    def _print_fleet_lines(self, env: dict[str, str]) -> None:
+        """The exact commands that make another host a worker of this job, and watch it from anywhere."""
+        assert self.embedded is not None and self.plan.listen is not None
+        endpoint = self.embedded.running()
+        assert endpoint is not None
+        host = self.plan.listen.address
+        if host in ("0.0.0.0", "::"):
+            host = socket.getfqdn()
+        remote = self.embedded.url(endpoint, host=host)
+        prefix = (f"GENFLEET_REASONING_PARSER={env['GENFLEET_REASONING_PARSER']} "
+                  if "GENFLEET_REASONING_PARSER" in env else "")
+        upstreams = " ".join(f"--upstream {url}" for url in self.plan.upstreams)
+        self.console.print("another host joins this job with (its shards stay on that host; export with --from each):")
+        for pool in ("short", "long"):
+            self.console.print(f"  {prefix}genfleet worker --pool {pool} {upstreams} --redis-url '{remote}'",
+                               soft_wrap=True, markup=False, highlight=False)
+        self.console.print("and watches it with:")
+        self.console.print(f"  genfleet status --run {self.plan.run} --redis-url '{remote}'",
+                           soft_wrap=True, markup=False, highlight=False)
+
+    # --- progress ---------------------------------------------------------------------------
+    def _watch(self, client: redis.Redis, enqueue: subprocess.Popen) -> RunStatus | None:
+        """Progress until the job ends: returns its last status, or None if the producer failed."""
+        assert self.processes is not None
+        if self.console.is_terminal:
+            return self._watch_live(client, enqueue)
+        next_lines = time.monotonic()
+        while True:
+            status, ended = self._poll(client, enqueue)
+            if ended is not None:
+                if status is not None:
+                    self._print_lines(status)
+                return status
+            if status is not None and time.monotonic() >= next_lines:
+                self._print_lines(status)
+                next_lines = time.monotonic() + self.plan.progress_every_s
+            time.sleep(POLL_S)
+
+    def _watch_live(self, client: redis.Redis, enqueue: subprocess.Popen) -> RunStatus | None:
+        from rich.live import Live
+
+        with Live(console=self.console, refresh_per_second=1, vertical_overflow="ellipsis") as live:
+            while True:
+                status, ended = self._poll(client, enqueue)
+                if status is not None:
+                    live.update(Group(progress_bars(status), render(status)))
+                if ended is not None:
+                    return status
+                time.sleep(POLL_S)
+
+    def _poll(self, client: redis.Redis, enqueue: subprocess.Popen) -> tuple[RunStatus | None, bool | None]:
+        """(the status now, None while the job goes on, else True: finished / False: the producer failed)."""
+        assert self.processes is not None
+        self.processes.check_alive(ignoring=("enqueue",))
+        produced = enqueue.poll()
+        if produced is not None and not self.enqueue_reported:
+            self.enqueue_reported = True
+            self._print_enqueue_log()
+            if produced != 0:
+                return None, False
+        try:
+            status = read_status(client, self.plan.run)
+        except redis.RedisError as error:
+            raise ChildFailed(f"Redis: {error or type(error).__name__}") from None
+        return status, (True if produced == 0 and status.finished else None)
+
+    def _print_lines(self, status: RunStatus) -> None:
+        for line in progress_lines(status, time.strftime("%H:%M:%S")):
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+    def _print_enqueue_log(self) -> None:
+        assert self.processes is not None
+        path = self.processes.log("enqueue")
+        lines = path.read_text(errors="replace").splitlines()
+        if len(lines) > ENQUEUE_LOG_LINES:
+            self.console.print(f"(the producer's first {len(lines) - ENQUEUE_LOG_LINES} lines: {path})")
+        for line in lines[-ENQUEUE_LOG_LINES:]:
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+    def _print_log_tail(self, failure: ChildFailed) -> None:
+        assert self.processes is not None
+        for name, _ in self.processes.children:
+            if f"{name} exited" in str(failure):
+                for line in self.processes.log(name).read_text(errors="replace").splitlines()[-20:]:
+                    self.console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+
+    # --- end --------------------------------------------------------------------------------
+    def _stop_children(self) -> None:
+        """The producer and the workers, which finish or give back their streams within the grace."""
+        if self.processes is not None:
+            self.processes.stop_all(grace_s=self.settings.shutdown_grace_s + 5.0)
+
+    def _release_redis(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+
+    def _stop(self, asked: list[int]) -> int:
+        """After a first signal: the producer and the workers stop within the grace; after a second,
+        at once. Returns 128 + the first signal's number, as a shell reports a death by it."""
+        first = asked[0] if asked else signal.SIGINT
+        if len(asked) <= 1:
+            self.console.print(f"\n{signal.Signals(first).name}: stopping; running prompts finish or go back to "
+                               f"the queue (up to {self.settings.shutdown_grace_s:.0f} s); again to stop at once. "
+                               "The same command resumes.")
+            try:
+                self._stop_children()
+                return 128 + first
+            except KeyboardInterrupt:
+                pass
+        self.console.print("stopping at once")
+        if self.processes is not None:
+            self.processes.kill_all()
+        return 128 + first
+
+    def _export(self) -> int | None:
+        """`--export FORMAT --export-to DIR`: `genfleet export`'s exit status, or None if not asked."""
+        plan = self.plan
+        if plan.export_format is None or plan.export_to is None:
+            return None
+        assert self.processes is not None
+        command = genfleet("export", "--run", plan.run, "--from", str(self.out), "--out", str(plan.export_to),
+                           "--format", plan.export_format)
+        return subprocess.run(command, env=self.processes.env).returncode
+
+    def _summary(self, status: RunStatus, exported: int | None) -> int:
+        totals = status.progress.totals()
+        elapsed = time.monotonic() - self.started
+        say = self.console.print
+        say(f"[green]done[/]: {totals.done:,} prompts, {totals.failed:,} failed, {totals.skipped:,} skipped, "
+            f"{totals.completion_tokens:,} completion tokens in {elapsed:,.1f} s "
+            f"({totals.completion_tokens / max(elapsed, 1e-9):,.0f} tok/s)")
+        say(f"shards: {escape(str(self.out / self.plan.run))}")
+        if exported is not None:
+            say(f"export: {escape(str(self.plan.export_to))} (genfleet export exited {exported})")
+        prefix = self._command_prefix()
+        if totals.failed:
+            say(f"[red]{totals.failed:,} prompts failed[/]: see why with `{prefix}genfleet failures --run "
+                f"{self.plan.run}`, fix the cause, then `{prefix}genfleet requeue --run {self.plan.run}` and run "
+                "this command again", soft_wrap=True)
+            return 1
+        return 0 if exported in (None, 0) else exported
+
+    def _command_prefix(self) -> str:
+        """What a later command needs to find this job's Redis: nothing in the same directory."""
+        if self.embedded is None or self.out == Settings().output_dir.resolve():
+            return ""
+        return f"GENFLEET_OUTPUT_DIR={self.out} "
+
+
+def run_job(plan: JobPlan) -> int:
+    console = Console(highlight=False)
+    if not sys.stdout.isatty():
+        console = Console(highlight=False, width=max(console.width, 120))
+    return Job(plan, console).run()
