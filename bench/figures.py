@@ -85,6 +85,19 @@ def _cost_figures(runs: list[Comparison], m: ThroughputMedians) -> list[Figure]:
     ]
 
 
+def onebox_figures(runs: list[dict]) -> list[Figure]:
+    """Section 11: `genfleet run` on one host, start-up included, against the seeds' script."""
+    return [
+        Figure("Wall time, `genfleet run` (one command, start-up and shutdown included) ÷ the script",
+               [r["wall_ratio"] for r in runs], format_ratio,
+               detail=f"{median([r['onebox_wall_s'] for r in runs]):.1f} s vs "
+                      f"{median([r['baseline_wall_s'] for r in runs]):.1f} s, {runs[0]['prompts']:,} prompts",
+               target="≤ 1.0×", meets=lambda v: v <= 1.0, note=target_notes.onebox_note),
+        Figure("Time from `genfleet run` to its first record on disk", [r["first_record_s"] for r in runs],
+               lambda v: f"{v:.1f} s"),
+    ]
+
+
 def enqueue_figures(runs: list[dict]) -> list[Figure]:
     alone = median([r["enqueue_per_s"] for r in runs])
     end_to_end = median([r["end_to_end_per_s"] for r in runs])

@@ -14,6 +14,7 @@ from bench.figures import (
     control_figures,
     enqueue_figures,
     export_figures,
+    onebox_figures,
     format_percent,
     real_server_figures,
     scaling_figures,
@@ -82,6 +83,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("9", shared_tail_figures(results.shared_tail)))
     if results.real_server:
         sections.append(("10", real_server_figures(results.real_server)))
+    if results.onebox:
+        sections.append(("11", onebox_figures(results.onebox)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -225,6 +228,10 @@ def _methods(results: Results) -> list[str]:
         "worker over all of them: the prompt tokens the hosts prefilled (`/sim/stats` `prefill_tokens_computed`) "
         "and the wall time from the first enqueue to the last prompt done.",
         "- **Shared tail (9)**: " + shared_tail.method(results.shared_tail),
+        "- **One box (11)**: `bench/onebox.py`: the workload of 1-2, on a fresh simulator each: `genfleet run "
+        "--short-concurrency 150` (no GENFLEET_REDIS_URL: it starts its embedded redis-server) timed from the "
+        "command to its exit, its first record timed by polling its shard directory every 50 ms; the script "
+        "as in 1.1. The order alternates across runs.",
         "- Every process is started fresh per run, in its own session, and stopped at the end (Ctrl-C too). "
         "Medians are over the runs; each ratio is taken within one run, then the median of the ratios.",
     ]

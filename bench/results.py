@@ -75,6 +75,7 @@ class Results:
     scaling_profile: HostProfile | None = None
     throughput: list[Comparison] = field(default_factory=list)
     scaling: list[Scaling] = field(default_factory=list)
+    onebox: list[dict] = field(default_factory=list)  # bench/onebox.py, one per run
     enqueue: list[dict] = field(default_factory=list)
     enqueue_error: str | None = None
     export: dict | None = None
@@ -92,7 +93,7 @@ class Results:
     def raw(self) -> dict:
         return {"machine": asdict(self.machine), "quick": self.quick, "repeats": self.repeats,
                 "throughput": [c.to_dict() for c in self.throughput],
-                "scaling": [s.to_dict() for s in self.scaling], "enqueue": self.enqueue, "export": self.export,
+                "scaling": [s.to_dict() for s in self.scaling], "onebox": self.onebox, "enqueue": self.enqueue, "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
                 "control": self.control, "shared_tail": self.shared_tail,
                 "real_server": self.real_server}

@@ -1,11 +1,11 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
-                                  [--only throughput,scaling,enqueue,export,useful,control,affinity,tail,real]
+                                  [--only throughput,onebox,scaling,enqueue,export,useful,control,affinity,tail,real]
                                   [--out bench/results.md] [--into-existing]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
-scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark, the control plane's cost,
+one box (`genfleet run`, start-up included, against the same script), scaling (1, 2, 4 hosts) and the enqueue rate; the export benchmark, the control plane's cost,
 routing and the shared tail (two runs on one host, one after the other and sharing it) run once
 (each is minutes on its own), and so does `real`: throughput, routing and the loop guard on SGLang
 0.5.23's own server (the real-server tier's venv, built once), each beside the simulator's figure
@@ -28,6 +28,7 @@ from bench import (  # noqa: E402
     control_model,
     control_plane,
     loop_guard,
+    onebox,
     real_server,
     report,
     scaling,
@@ -39,7 +40,8 @@ from bench import (  # noqa: E402
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
-MEASUREMENTS = ("throughput", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail", "real")
+MEASUREMENTS = ("throughput", "onebox", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail",
+                "real")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -61,6 +63,8 @@ def main() -> None:
         for repeat in range(1, args.repeats + 1):
             if "throughput" in only:
                 _measure_throughput(results, repeat)
+            if "onebox" in only:
+                _measure_onebox(results, repeat)
             if "scaling" in only:
                 _measure_scaling(results, repeat)
             if "enqueue" in only:
@@ -124,6 +128,17 @@ def _measure_throughput(results: Results, repeat: int) -> None:
     results.throughput.append(comparison)
     log(f"  genfleet {comparison.genfleet.tokens_per_s:,.0f} tok/s in {comparison.genfleet.wall_s:.1f} s, "
         f"baseline {comparison.baseline.tokens_per_s:,.0f} tok/s in {comparison.baseline.wall_s:.1f} s")
+
+
+def _measure_onebox(results: Results, repeat: int) -> None:
+    profile = results.throughput_profile
+    assert profile is not None
+    log(f"one box {repeat}/{results.repeats}: `genfleet run` against the script, {profile.prompts:,} prompts")
+    with tempfile.TemporaryDirectory(prefix="genfleet-bench-prompts-") as tmp:
+        comparison = onebox.compare(profile, Path(tmp), baseline_first=repeat % 2 == 0)
+    results.onebox.append(comparison)
+    log(f"  genfleet run {comparison['onebox_wall_s']:.1f} s (first record at {comparison['first_record_s']:.1f} s), "
+        f"script {comparison['baseline_wall_s']:.1f} s")
 
 
 def _measure_scaling(results: Results, repeat: int) -> None:

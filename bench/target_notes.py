@@ -120,6 +120,14 @@ def rss_note() -> str:
             "per in-flight task, and at the shard writer's buffers.")
 
 
+def onebox_note() -> str:
+    return ("`genfleet run` starts what the script does not: a redis-server, two Celery worker processes (each "
+            "imports Celery, kombu and the tokenizer: seconds of one core here) and the producer beside them, and "
+            "it ends by stopping them gracefully. That is a fixed cost of seconds, which a job of a minute or two "
+            "(this workload) shows and a job of hours does not. Starting the pools while the producer reads, as "
+            "it does, hides part of it; the rest would need workers that import less before their first task.")
+
+
 def enqueue_note(end_to_end_per_s: float, enqueue_alone_per_s: float) -> str:
     return (f"`genfleet enqueue` managed {end_to_end_per_s:,.0f} prompts/s with "
             f"process start and tokenizer load, {enqueue_alone_per_s:,.0f}/s for the enqueue itself; profile the "

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +32,22 @@ import redis
 from rich.console import Console, Group
 from rich.markup import escape
 
+from genfleet.common.fleet_stats import read_beacons
+from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import get_format
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, printable_url
 from genfleet.onebox.embedded_redis import EmbeddedRedis, Listen
 from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free
-from genfleet.status.read_model import RunStatus, read_status
+from genfleet.status.read_model import RunStatus, read_progress, read_status
 from genfleet.status.render import progress_bars, progress_lines, render
 from genfleet.workers.servers.api import ServerDescription
 from genfleet.workers.telemetry import DEFAULT_PORTS
 
-POLL_S = 1.0
+# The end is noticed within this (the counters alone: `read_progress`); the full status, which costs
+# more Redis round trips, is read only to be shown: each second on a terminal, else each line.
+POLL_S = 0.2
+LIVE_REFRESH_S = 1.0
 REDIS_TIMEOUT_S = 10.0
 # Lines of the producer's log shown when it ends (the rest stay in the file).
 ENQUEUE_LOG_LINES = 60
@@ -95,6 +100,8 @@ class Job:
         self.settings = Settings()
         self.processes: Processes | None = None
         self.enqueue_reported = False
+        self.metrics = self._metrics_ports()
+        self.pools_started: set[str] = set()
         self.started = time.monotonic()
 
     def run(self) -> int:
@@ -115,10 +122,10 @@ class Job:
         description = self._describe_server()
         env = self._child_env(url, description)
         self.processes = processes = Processes(self.logs, env)
-        metrics = self._start_pools(processes)
-        flower_auth = self._start_watchers(processes, env)
+        self._start_pool("short")
         enqueue = processes.start("enqueue", *genfleet("enqueue", *plan.enqueue_args, *self._context_args(description)))
-        self._print_header(url, metrics, flower_auth, env)
+        flower_auth = self._start_watchers(processes, env)
+        self._print_header(url, self.metrics, flower_auth, env)
         try:
             status = self._watch(client, enqueue)
         except ChildFailed as failure:
@@ -178,25 +185,35 @@ class Job:
             return ()
         return ("--context-length", str(description.context_length))
 
-    def _start_pools(self, processes: Processes) -> dict[str, int]:
-        plan, metrics = self.plan, {}
-        for pool in ("short", "long"):
-            # Each pool's usual port (what a Prometheus scrape config names) while it is free;
-            # GENFLEET_METRICS_PORT=0 turns both off.
-            if self.settings.metrics_port == 0:
-                port = 0
-            else:
-                port = DEFAULT_PORTS[pool] if port_is_free(DEFAULT_PORTS[pool]) else free_port()
-            metrics[pool] = port
-            args = ["--pool", pool, "--metrics-port", str(port), "--loglevel", "WARNING"]
-            args += [arg for url in plan.upstreams for arg in ("--upstream", url)]
-            if plan.concurrency.get(pool) is not None:
-                args += ["--concurrency", str(plan.concurrency[pool])]
-            for flag, value in (("--in-flight", plan.in_flight), ("--api", plan.api), ("--tokenizer", plan.tokenizer)):
-                if value is not None:
-                    args += [flag, value]
-            processes.start(f"worker-{pool}", *genfleet("worker", *args))
-        return metrics
+    def _metrics_ports(self) -> dict[str, int]:
+        """Each pool's usual port (what a Prometheus scrape config names) while it is free;
+        GENFLEET_METRICS_PORT=0 turns both off."""
+        if self.settings.metrics_port == 0:
+            return {pool: 0 for pool in PARTITIONS}
+        return {pool: DEFAULT_PORTS[pool] if port_is_free(DEFAULT_PORTS[pool]) else free_port()
+                for pool in PARTITIONS}
+
+    def _start_pool(self, pool: str) -> None:
+        assert self.processes is not None
+        plan = self.plan
+        args = ["--pool", pool, "--metrics-port", str(self.metrics[pool]), "--loglevel", "WARNING"]
+        args += [arg for url in plan.upstreams for arg in ("--upstream", url)]
+        if plan.concurrency.get(pool) is not None:
+            args += ["--concurrency", str(plan.concurrency[pool])]
+        for flag, value in (("--in-flight", plan.in_flight), ("--api", plan.api), ("--tokenizer", plan.tokenizer)):
+            if value is not None:
+                args += [flag, value]
+        self.processes.start(f"worker-{pool}", *genfleet("worker", *args))
+        self.pools_started.add(pool)
+
+    def _start_long_pool_when_due(self, client: redis.Redis, produced: int | None) -> None:
+        """The long pool starts once the short one is up (its beacon is in Redis) or the producer is
+        done, whichever is first: three processes importing Celery and a tokenizer at once on a
+        small machine would each take longer to start (the first record came ~0.5 s later)."""
+        if "long" in self.pools_started:
+            return
+        if produced is not None or any(beacon.pool == "short" for beacon in read_beacons(client)):
+            self._start_pool("long")
 
     def _start_watchers(self, processes: Processes, env: dict[str, str]) -> str | None:
         """Flower (`--flower`) and the status page (`--serve`); returns Flower's user:password."""
@@ -251,48 +268,40 @@ class Job:
     # --- progress ---------------------------------------------------------------------------
     def _watch(self, client: redis.Redis, enqueue: subprocess.Popen) -> RunStatus | None:
         """Progress until the job ends: returns its last status, or None if the producer failed."""
-        assert self.processes is not None
         if self.console.is_terminal:
-            return self._watch_live(client, enqueue)
-        next_lines = time.monotonic()
-        while True:
-            status, ended = self._poll(client, enqueue)
-            if ended is not None:
-                if status is not None:
-                    self._print_lines(status)
-                return status
-            if status is not None and time.monotonic() >= next_lines:
-                self._print_lines(status)
-                next_lines = time.monotonic() + self.plan.progress_every_s
-            time.sleep(POLL_S)
+            from rich.live import Live
 
-    def _watch_live(self, client: redis.Redis, enqueue: subprocess.Popen) -> RunStatus | None:
-        from rich.live import Live
+            with Live(console=self.console, refresh_per_second=1, vertical_overflow="ellipsis") as live:
+                return self._until_the_end(client, enqueue, LIVE_REFRESH_S,
+                                           lambda status: live.update(Group(progress_bars(status), render(status))))
+        return self._until_the_end(client, enqueue, self.plan.progress_every_s, self._print_lines)
 
-        with Live(console=self.console, refresh_per_second=1, vertical_overflow="ellipsis") as live:
-            while True:
-                status, ended = self._poll(client, enqueue)
-                if status is not None:
-                    live.update(Group(progress_bars(status), render(status)))
-                if ended is not None:
-                    return status
-                time.sleep(POLL_S)
-
-    def _poll(self, client: redis.Redis, enqueue: subprocess.Popen) -> tuple[RunStatus | None, bool | None]:
-        """(the status now, None while the job goes on, else True: finished / False: the producer failed)."""
+    def _until_the_end(self, client: redis.Redis, enqueue: subprocess.Popen, every_s: float,
+                       show: Callable[[RunStatus], None]) -> RunStatus | None:
+        """Polls until the producer has exited 0 and every enqueued prompt is settled (returns the
+        status then) or the producer failed (None); shows the status every `every_s` seconds."""
         assert self.processes is not None
-        self.processes.check_alive(ignoring=("enqueue",))
-        produced = enqueue.poll()
-        if produced is not None and not self.enqueue_reported:
-            self.enqueue_reported = True
-            self._print_enqueue_log()
-            if produced != 0:
-                return None, False
-        try:
-            status = read_status(client, self.plan.run)
-        except redis.RedisError as error:
-            raise ChildFailed(f"Redis: {error or type(error).__name__}") from None
-        return status, (True if produced == 0 and status.finished else None)
+        next_shown = time.monotonic()
+        while True:
+            self.processes.check_alive(ignoring=("enqueue",))
+            produced = enqueue.poll()
+            if produced is not None and not self.enqueue_reported:
+                self.enqueue_reported = True
+                self._print_enqueue_log()
+            if produced not in (None, 0):
+                return None
+            try:
+                self._start_long_pool_when_due(client, produced)
+                ended = produced == 0 and read_progress(client, self.plan.run).finished
+                if ended or time.monotonic() >= next_shown:
+                    status = read_status(client, self.plan.run)
+                    show(status)
+                    if ended:
+                        return status
+                    next_shown = time.monotonic() + every_s
+            except redis.RedisError as error:
+                raise ChildFailed(f"Redis: {error or type(error).__name__}") from None
+            time.sleep(POLL_S)
 
     def _print_lines(self, status: RunStatus) -> None:
         for line in progress_lines(status, time.strftime("%H:%M:%S")):
