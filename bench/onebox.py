@@ -41,7 +41,8 @@ def run_onebox(profile: Profile, prompts: Path) -> dict:
         wall = time.monotonic() - started
         if job.process.returncode != 0:
             raise RuntimeError(f"genfleet run failed ({job.process.returncode}):\n{job.tail()}")
-        records = [json.loads(line) for path in (out / "bench").rglob("*.jsonl") for line in path.read_text().splitlines()]
+        records = [json.loads(line) for path in (out / "bench").rglob("*.jsonl")
+                   for line in path.read_text().splitlines()]
         return {"wall_s": wall, "first_record_s": first_record if first_record is not None else wall,
                 "prompts": len(records), "completion_tokens": sum(r["usage"]["completion_tokens"] for r in records)}
 

@@ -93,7 +93,8 @@ class Results:
     def raw(self) -> dict:
         return {"machine": asdict(self.machine), "quick": self.quick, "repeats": self.repeats,
                 "throughput": [c.to_dict() for c in self.throughput],
-                "scaling": [s.to_dict() for s in self.scaling], "onebox": self.onebox, "enqueue": self.enqueue, "export": self.export,
+                "scaling": [s.to_dict() for s in self.scaling], "onebox": self.onebox, "enqueue": self.enqueue,
+                "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
                 "control": self.control, "shared_tail": self.shared_tail,
                 "real_server": self.real_server}
