@@ -7,10 +7,11 @@
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
 one box (`genfleet run`, start-up included, against the same script), scaling (1, 2, 4 hosts) and
 the enqueue rate; the export benchmark, the control plane's cost, routing and the shared tail (two
-runs on one host, one after the other and sharing it) run once (each is minutes on its own), and so does `real`: throughput, routing and the loop guard on SGLang
-0.5.23's own server (the real-server tier's venv, built once), each beside the simulator's figure
-for the same workload (bench/real_server.py). Every benchmark starts and stops its own redis-server, simulators
-and workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
+runs on one host, one after the other and sharing it) run once (each is minutes on its own), and so
+does `real`: throughput, routing and the loop guard on SGLang 0.5.23's own server (the real-server
+tier's venv, built once), each beside the simulator's figure for the same workload
+(bench/real_server.py). Every benchmark starts and stops its own redis-server, simulators and
+workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
 """
 from __future__ import annotations
 
