@@ -71,10 +71,15 @@ def _build_wheel(out: Path) -> Path:
         shutil.copy2(REPO / name, source / name)
     for folder in FOLDERS:
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # -v shows the build backend's own output, where setuptools warns (e.g. a data folder that is not
+    # in `packages`: `BuildBackendWarning: Package 'genfleet.sim.model' is absent ...`).
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                            "--no-index", "-q", "-w", str(out / "wheel"), str(source)],
+                            "--no-index", "-v", "-w", str(out / "wheel"), str(source)],
                            capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
+    warned = [line for line in (built.stdout + built.stderr).splitlines()
+              if re.search(r"Warning:|absent from|deprecat", line) and "byte-compiling is disabled" not in line]
+    assert not warned, "setuptools warned while building the wheel:\n" + "\n".join(warned)
     (wheel,) = (out / "wheel").glob("genfleet-*.whl")
     return wheel
 
