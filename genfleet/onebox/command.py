@@ -21,7 +21,6 @@ import typer
 from genfleet.common.records import InFlight, choices
 from genfleet.common.settings import Settings
 from genfleet.onebox.embedded_redis import REDIS_MISSING, EmbeddedRedisError, Listen, redis_url_given
-from genfleet.onebox.job import JobPlan, run_job
 from genfleet.producer.command import enqueue_command
 from genfleet.producer.run_config import RunFileError, load_run_file
 from genfleet.workers.command import usage_error
@@ -87,6 +86,10 @@ def run_command(
     if parsed_listen is not None and redis_url is not None:
         usage_error("--listen exposes the embedded Redis; with GENFLEET_REDIS_URL (or the run file's redis_url) "
                     "other hosts use that Redis directly")
+    # The job's machinery (status, the seam, rich's live view) loads only when a job runs: every
+    # other genfleet command, and each of the job's own workers, imports this module.
+    from genfleet.onebox.job import JobPlan, run_job
+
     plan = JobPlan(
         run=run, upstreams=tuple(upstream), out=out or Settings().output_dir,
         enqueue_args=tuple(enqueue_arguments(enqueue_options)), redis_url=redis_url,
