@@ -1,11 +1,13 @@
 """The `genfleet` console script: gathers the commands each part contributes."""
 from __future__ import annotations
 
+import sys
 from importlib.metadata import version
 from typing import Annotated
 
 import typer
 
+from genfleet import ToolError
 from genfleet.demo import demo_command
 from genfleet.doctor.command import doctor_command
 from genfleet.export.command import export_command
@@ -51,4 +53,10 @@ def _options(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ToolError as error:
+        # An operator tool's failure is one line naming what and where (a missing redis-server, an
+        # embedded Redis that would not start), not a traceback.
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)

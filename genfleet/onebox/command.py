@@ -18,11 +18,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from genfleet.common.records import InFlight, choices
+from genfleet.common.records import Api, InFlight, choices
 from genfleet.common.settings import Settings
 from genfleet.onebox.embedded_redis import REDIS_MISSING, EmbeddedRedisError, Listen, redis_url_given
 from genfleet.producer.command import enqueue_command
-from genfleet.producer.run_config import RunFileError, load_run_file
+from genfleet.producer.readers import DatasetReadError, open_dataset
+from genfleet.producer.run_config import DatasetSpec, RunFileError, load_run_file
 from genfleet.workers.command import usage_error
 from genfleet.workers.servers.transport import upstream_problem
 
@@ -67,8 +68,11 @@ def run_command(
             usage_error(f"--upstream {url!r}: {problem}")
     if in_flight is not None and in_flight not in choices(InFlight):
         usage_error(f"--in-flight must be one of {', '.join(choices(InFlight))}, not {in_flight!r}")
-    if (export is None) != (export_to is None):
-        usage_error("--export FORMAT and --export-to DIR go together")
+    if api is not None and api not in choices(Api):
+        usage_error(f"--api must be one of {', '.join(choices(Api))}, not {api!r}")
+    _check_export(export, export_to)
+    for text in enqueue_options.get("datasets") or ():
+        _check_dataset(text)
     try:
         parsed_listen = Listen.parse(listen) if listen else None
     except ValueError as error:
@@ -80,7 +84,9 @@ def run_command(
     run = enqueue_options.get("run") or (run_file.run if run_file else None)
     if not run:
         usage_error("--run (or `run` in the run file) names the job")
-    redis_url = redis_url_given(None) or (run_file.redis_url if run_file else None)
+    # As the producer reads it: the run file's, else GENFLEET_REDIS_URL; else the job's own. The job
+    # hands the one it uses to the producer and the workers alike.
+    redis_url = (run_file.redis_url if run_file else None) or redis_url_given(None)
     if redis_url is None and shutil.which("redis-server") is None:
         usage_error(REDIS_MISSING)
     if parsed_listen is not None and redis_url is not None:
@@ -106,6 +112,26 @@ def run_command(
         print(f"error: {error}", flush=True)
         raise typer.Exit(1) from None
     raise typer.Exit(status)
+
+
+def _check_export(export: str | None, export_to: Path | None) -> None:
+    """`--export` is checked before the job runs, not after hours of it."""
+    from genfleet.export.formats import FORMATS
+
+    if (export is None) != (export_to is None):
+        usage_error("--export FORMAT and --export-to DIR go together")
+    if export is not None and export not in FORMATS:
+        usage_error(f"--export must be one of {', '.join(FORMATS)}, not {export!r}")
+    if export_to is not None and export_to.exists() and (not export_to.is_dir() or any(export_to.iterdir())):
+        usage_error(f"--export-to {export_to}: must be a new or empty directory")
+
+
+def _check_dataset(text: str) -> None:
+    """A dataset argument that names nothing readable stops the job before anything starts."""
+    try:
+        open_dataset(str(DatasetSpec.parse(text).path))
+    except (ValueError, DatasetReadError) as error:
+        usage_error(str(error))
 
 
 def _enqueue_parameters() -> list[inspect.Parameter]:

@@ -18,6 +18,13 @@ guards it; redis 7's protected mode only covers a server without one: `src/netwo
 `reach_redis` is how `status`, `failures`, `requeue`, `recover` and `export` find it: with no
 `--redis-url` and no `GENFLEET_REDIS_URL`, an output directory that holds an embedded Redis is
 served by it, started for the command's duration when it is not running.
+
+Who stops it: every command that uses the server holds a shared lock on `users` while it does, and
+the last one to stop using it stops it (a `status --watch` that started it does not stop it under a
+job that began meanwhile; the job does, at its end). `genfleet run` starts it tied
+to its own life (it dies with the job, even after `kill -9`: `processes.py`); a command run on the
+job's output afterwards starts it untied, so that a job using it meanwhile keeps it. One
+`genfleet run` at a time per output directory (`job.lock`): two would share its queues.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 import redis
@@ -81,6 +89,7 @@ class EmbeddedRedis:
     def __init__(self, output_dir: Path) -> None:
         self.directory = output_dir.resolve() / DIRECTORY
         self.process: subprocess.Popen | None = None  # when this process started it
+        self._use: IO[str] | None = None  # this process's shared lock on `users` while it uses the server
 
     # --- state on disk ----------------------------------------------------------------------
     def exists(self) -> bool:
@@ -105,7 +114,22 @@ class EmbeddedRedis:
 
     def url(self, endpoint: Endpoint, host: str | None = None) -> str:
         """A Redis URL with the password, for this machine (or for `host`, another's view)."""
-        return f"redis://:{quote(self.password(), safe='')}@{host or endpoint.host}:{endpoint.port}/0"
+        host = host or endpoint.host
+        if ":" in host:  # an IPv6 address goes in brackets in a URL
+            host = f"[{host.strip('[]')}]"
+        return f"redis://:{quote(self.password(), safe='')}@{host}:{endpoint.port}/0"
+
+    def claim_job(self) -> IO[str] | None:
+        """The output directory's one `genfleet run`: a lock held until it is closed (or this
+        process exits), or None if another job holds it now."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = open(self.directory / "job.lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            return None
+        return lock
 
     # --- running ----------------------------------------------------------------------------
     def running(self) -> Endpoint | None:
@@ -123,10 +147,11 @@ class EmbeddedRedis:
         # Another server on a reused port would answer the ping but not hold this directory.
         return endpoint if answered == str(self.directory) else None
 
-    def start(self, listen: Listen | None = None, *, on_parent_death: int = signal.SIGTERM) -> Endpoint:
-        """Starts redis-server on this directory as a child of this process (dying with it on Linux:
-        `processes.py`); returns its endpoint once it answers. A server that already runs here is
-        used instead (`self.process` stays None)."""
+    def start(self, listen: Listen | None = None, *, on_parent_death: int | None = signal.SIGTERM) -> Endpoint:
+        """Starts redis-server on this directory as a child of this process, which it receives
+        `on_parent_death` when this process dies (Linux; None: it outlives it); returns its endpoint
+        once it answers. A server that already runs here is used instead (`self.process` stays
+        None). Either way this process holds the `users` lock until `stop`."""
         if shutil.which("redis-server") is None:
             raise EmbeddedRedisError(REDIS_MISSING)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -136,32 +161,63 @@ class EmbeddedRedis:
                     raise EmbeddedRedisError(
                         f"the embedded Redis of {self.directory.parent} already runs (pid {endpoint.pid}) without "
                         f"--listen {listen.address}:{listen.port}: stop the genfleet command using it, then retry")
+                self._hold_use()
                 return endpoint
             port = listen.port if listen else free_port()
             self._write_config(port, listen)
             with open(self.directory / "redis.log", "a") as log:
                 self.process = subprocess.Popen(
                     ["redis-server", str(self.directory / "redis.conf")], stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=dies_with_parent(on_parent_death))
+                    start_new_session=True,
+                    preexec_fn=dies_with_parent(on_parent_death) if on_parent_death is not None else None)
             endpoint = Endpoint("127.0.0.1", port, self.process.pid,
                                 f"{listen.address}:{listen.port}" if listen else None)
-            self._wait_until_up(endpoint)
+            try:
+                self._wait_until_up(endpoint)
+            except EmbeddedRedisError:
+                self.process.kill()
+                self.process.wait()
+                self.process = None
+                raise
             (self.directory / "endpoint.json").write_text(json.dumps(endpoint.__dict__))
+            self._hold_use()
             return endpoint
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stops the server this process started: SIGTERM, on which redis writes out its AOF."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        """Ends this process's use of the server; the last user stops it (SIGTERM to a server this
+        process started, SHUTDOWN to another's: either way redis writes out its AOF first)."""
+        if self._use is None and self.process is None:
+            return  # never used it
+        with self._lock():
+            if self._use is not None:
+                self._use.close()  # releases this process's shared lock
+                self._use = None
+            process, self.process = self.process, None
+            if not self._nobody_else_uses_it():
+                return
+            if process is not None:
+                _terminate(process, timeout_s)
+            elif (endpoint := self.running()) is not None:
+                client = redis.Redis.from_url(self.url(endpoint), socket_timeout=timeout_s)
+                try:
+                    client.shutdown()  # redis-py 8 returns once the server has closed the connection
+                except redis.RedisError:
+                    return  # it would not stop: it keeps running, and so does its endpoint file
+            (self.directory / "endpoint.json").unlink(missing_ok=True)
+
+    def _hold_use(self) -> None:
+        if self._use is None:
+            self._use = open(self.directory / "users", "a")
+            fcntl.flock(self._use, fcntl.LOCK_SH)
+
+    def _nobody_else_uses_it(self) -> bool:
+        with open(self.directory / "users", "a") as users:
             try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        (self.directory / "endpoint.json").unlink(missing_ok=True)
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(users, fcntl.LOCK_UN)
+            return True
 
     def _write_config(self, port: int, listen: Listen | None) -> None:
         binds = ["127.0.0.1"]
@@ -195,12 +251,11 @@ class EmbeddedRedis:
                     raise EmbeddedRedisError(f"redis-server exited ({self.process.returncode}) at start; "
                                              f"see {self.directory / 'redis.log'}")
                 try:
-                    if client.ping():
+                    # Ours, not whatever else answers on the port (a busy --listen port).
+                    if client.config_get("dir").get("dir") == str(self.directory):
                         return
-                except redis.BusyLoadingError:
-                    pass  # loading its AOF
-                except redis.ConnectionError:
-                    pass
+                except redis.RedisError:
+                    pass  # still loading its AOF, not listening yet, or not a Redis at all
                 if time.monotonic() > deadline:
                     raise EmbeddedRedisError(f"redis-server did not answer within {START_TIMEOUT_S:.0f} s; "
                                              f"see {self.directory / 'redis.log'}")
@@ -217,6 +272,16 @@ class EmbeddedRedis:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _terminate(process: subprocess.Popen, timeout_s: float) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def redis_url_given(flag_url: str | None) -> str | None:
@@ -242,7 +307,8 @@ def reach_redis(flag_url: str | None, *output_dirs: Path) -> Iterator[str]:
         yield Settings().redis_url
         return
     try:
-        endpoint = embedded.running() or embedded.start()
+        # Untied from this command's life: a job that starts using it meanwhile keeps it.
+        endpoint = embedded.start(on_parent_death=None)
     except EmbeddedRedisError as error:
         raise EmbeddedRedisError(f"the embedded Redis of {embedded.directory.parent}: {error}") from None
     try:

@@ -15,8 +15,10 @@ beside them, progress until every prompt is settled, the summary and the exit st
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -27,19 +29,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import redis
 from rich.console import Console, Group
 from rich.markup import escape
 
 from genfleet.common.fleet_stats import read_beacons
+from genfleet.common.keys import ManifestFields
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import get_format
-from genfleet.common.run_state import connect
+from genfleet.common.run_state import RunManifest, connect
 from genfleet.common.settings import Settings, printable_url
-from genfleet.onebox.embedded_redis import EmbeddedRedis, Listen
+from genfleet.onebox.embedded_redis import EmbeddedRedis, EmbeddedRedisError, Listen
 from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free
-from genfleet.status.read_model import RunStatus, read_progress, read_status
+from genfleet.status.read_model import DatasetProgress, RunStatus, read_progress, read_status
 from genfleet.status.render import progress_bars, progress_lines, render
 from genfleet.workers.servers.api import ServerDescription
 from genfleet.workers.telemetry import DEFAULT_PORTS
@@ -81,7 +85,8 @@ def _stop_signals() -> Iterator[list[int]]:
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         asked.append(signum)
-        raise KeyboardInterrupt
+        if len(asked) <= 2:  # a third, while Redis writes out its AOF, changes nothing
+            raise KeyboardInterrupt
 
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -100,6 +105,9 @@ class Job:
         self.settings = Settings()
         self.processes: Processes | None = None
         self.enqueue_reported = False
+        self.parser_source = ""
+        self.job_lock: IO[str] | None = None  # this job's hold on its output directory
+        self.before: DatasetProgress | None = None  # the run's totals when this job started
         self.metrics = self._metrics_ports()
         self.pools_started: set[str] = set()
         self.started = time.monotonic()
@@ -120,12 +128,18 @@ class Job:
         url = self._start_redis()
         client = connect(url, timeout_s=REDIS_TIMEOUT_S)
         description = self._describe_server()
-        env = self._child_env(url, description)
+        recorded = self._recorded_parser(client)
+        env = self._child_env(url, description, recorded)
+        progress = read_progress(client, plan.run)
+        self.before = progress.totals()
         self.processes = processes = Processes(self.logs, env)
         self._start_pool("short")
-        enqueue = processes.start("enqueue", *genfleet("enqueue", *plan.enqueue_args, *self._context_args(description)))
+        enqueue = processes.start("enqueue", *genfleet("enqueue", "--redis-url", url, *plan.enqueue_args,
+                                                       *self._context_args(description)))
         flower_auth = self._start_watchers(processes, env)
         self._print_header(url, self.metrics, flower_auth, env)
+        if self.embedded is not None and progress.unacked:
+            self._note_held_by_a_killed_job(progress.unacked)
         try:
             status = self._watch(client, enqueue)
         except ChildFailed as failure:
@@ -135,6 +149,8 @@ class Job:
             return 1
         if status is None:  # the producer refused or failed: its words are above
             self._stop_children()
+            if "--new-run" in self.processes.output("enqueue"):
+                self.console.print("genfleet run: to keep both configs, run this one under another --run name")
             return enqueue.returncode or 1
         self._stop_children()
         exported = self._export()
@@ -145,6 +161,10 @@ class Job:
         if self.embedded is None:
             assert self.plan.redis_url is not None
             return self.plan.redis_url
+        self.job_lock = self.embedded.claim_job()
+        if self.job_lock is None:
+            raise EmbeddedRedisError(f"another genfleet run is using {self.out}: one job per output directory "
+                                     "(they would share its queues); give this one its own --out")
         endpoint = self.embedded.start(self.plan.listen)
         return self.embedded.url(endpoint)
 
@@ -154,20 +174,40 @@ class Job:
 
         server = SglangServer(max_connections=2, connect_timeout_s=5.0, stall_timeout_s=10.0)
         try:
+            for url in self.plan.upstreams:
+                if not server.health(url, timeout_s=5.0).reachable:
+                    self.console.print(f"[yellow]warning:[/] {escape(url)} does not answer: its workers wait for it "
+                                       "(status shows it down) and nothing is generated there until it does",
+                                       soft_wrap=True)
             return server.describe(self.plan.upstreams[0])
         except Exception as error:  # noqa: BLE001 - any failure: the workers wait for it, retrying
             self.console.print(f"[yellow]note:[/] {escape(self.plan.upstreams[0])} did not describe itself "
-                               f"({escape(str(error) or type(error).__name__)}); the workers wait for it",
-                               soft_wrap=True)
+                               f"({escape(str(error) or type(error).__name__)})", soft_wrap=True)
             return None
         finally:
             server.close()
 
-    def _child_env(self, url: str, description: ServerDescription | None) -> dict[str, str]:
+    def _recorded_parser(self, client: redis.Redis) -> str | None:
+        """The reasoning parser a run already enqueued was recorded with (None: a new run): a
+        resumed job splits as its first part did, whatever the server says now."""
+        try:
+            config = json.loads(RunManifest(client, self.plan.run).fields().get(ManifestFields.CONFIG, "{}"))
+        except ValueError:
+            return None
+        parser = config.get("reasoning_parser")
+        return parser if isinstance(parser, str) else None
+
+    def _child_env(self, url: str, description: ServerDescription | None, recorded: str | None) -> dict[str, str]:
         env = {**os.environ, "GENFLEET_REDIS_URL": url, "GENFLEET_OUTPUT_DIR": str(self.out),
                "PYTHONUNBUFFERED": "1", "COLUMNS": str(max(self.console.width, 100))}
+        if "reasoning_parser" in self.settings.model_fields_set:
+            return env  # the user's choice; the producer refuses it if the run was enqueued with another
+        if recorded is not None:
+            env["GENFLEET_REASONING_PARSER"] = recorded
+            self.parser_source = "the run's, as enqueued"
+            return env
         parser = description.reasoning_parser if description else None
-        if parser and "reasoning_parser" not in self.settings.model_fields_set:
+        if parser:
             try:
                 get_format(parser)
             except ValueError:
@@ -177,6 +217,7 @@ class Job:
             else:
                 # The parser is part of the run's config: the producer records it, the workers split with it.
                 env["GENFLEET_REASONING_PARSER"] = parser
+                self.parser_source = "the server's"
         return env
 
     def _context_args(self, description: ServerDescription | None) -> tuple[str, ...]:
@@ -235,8 +276,8 @@ class Job:
         say(f"shards: {escape(str(self.out / plan.run))} · logs: {escape(str(self.logs))} · metrics: "
             + (" · ".join(f"{pool} :{port}" for pool, port in metrics.items()) if all(metrics.values()) else "off"),
             soft_wrap=True)
-        if "GENFLEET_REASONING_PARSER" in env and "reasoning_parser" not in self.settings.model_fields_set:
-            say(f"reasoning parser: {env['GENFLEET_REASONING_PARSER']} (the server's)")
+        if self.parser_source:
+            say(f"reasoning parser: {env['GENFLEET_REASONING_PARSER']} ({self.parser_source})")
         if plan.flower_port is not None:
             say(f"Flower: http://127.0.0.1:{plan.flower_port} (user:password {escape(flower_auth or '')})")
         if plan.serve_port is not None:
@@ -256,13 +297,18 @@ class Job:
         remote = self.embedded.url(endpoint, host=host)
         prefix = (f"GENFLEET_REASONING_PARSER={env['GENFLEET_REASONING_PARSER']} "
                   if "GENFLEET_REASONING_PARSER" in env else "")
-        upstreams = " ".join(f"--upstream {url}" for url in self.plan.upstreams)
-        self.console.print("another host joins this job with (its shards stay on that host; export with --from each):")
+        flags = [arg for url in self.plan.upstreams for arg in ("--upstream", url)]
+        for flag, value in (("--in-flight", self.plan.in_flight), ("--api", self.plan.api),
+                            ("--tokenizer", self.plan.tokenizer)):
+            if value is not None:
+                flags += [flag, value]
+        self.console.print("another host joins this job with these (its shards stay on that host: export with a --from "
+                           "for each; the --tokenizer directory must be there too):", soft_wrap=True)
         for pool in ("short", "long"):
-            self.console.print(f"  {prefix}genfleet worker --pool {pool} {upstreams} --redis-url '{remote}'",
-                               soft_wrap=True, markup=False, highlight=False)
+            line = shlex.join(["genfleet", "worker", "--pool", pool, *flags, "--redis-url", remote])
+            self.console.print(f"  {prefix}{line}", soft_wrap=True, markup=False, highlight=False)
         self.console.print("and watches it with:")
-        self.console.print(f"  genfleet status --run {self.plan.run} --redis-url '{remote}'",
+        self.console.print("  " + shlex.join(["genfleet", "status", "--run", self.plan.run, "--redis-url", remote]),
                            soft_wrap=True, markup=False, highlight=False)
 
     # --- progress ---------------------------------------------------------------------------
@@ -307,10 +353,17 @@ class Job:
         for line in progress_lines(status, time.strftime("%H:%M:%S")):
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
+    def _note_held_by_a_killed_job(self, held: int) -> None:
+        """Prompts held by workers that died with an earlier job (`kill -9`) wait out their lease
+        (`workers/delivery.py`): a job that starts with messages unacked says why it seems to idle."""
+        self.console.print(f"note: {held:,} prompts are held by workers of an earlier job that did not stop (killed?): "
+                           f"they come back as their leases expire, within {self.settings.lease_ttl_s:.0f} s",
+                           soft_wrap=True)
+
     def _print_enqueue_log(self) -> None:
         assert self.processes is not None
         path = self.processes.log("enqueue")
-        lines = path.read_text(errors="replace").splitlines()
+        lines = self.processes.output("enqueue").splitlines()
         if len(lines) > ENQUEUE_LOG_LINES:
             self.console.print(f"(the producer's first {len(lines) - ENQUEUE_LOG_LINES} lines: {path})")
         for line in lines[-ENQUEUE_LOG_LINES:]:
@@ -320,7 +373,7 @@ class Job:
         assert self.processes is not None
         for name, _ in self.processes.children:
             if f"{name} exited" in str(failure):
-                for line in self.processes.log(name).read_text(errors="replace").splitlines()[-20:]:
+                for line in self.processes.output(name).splitlines()[-20:]:
                     self.console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
 
     # --- end --------------------------------------------------------------------------------
@@ -332,6 +385,8 @@ class Job:
     def _release_redis(self) -> None:
         if self.embedded is not None:
             self.embedded.stop()
+        if self.job_lock is not None:
+            self.job_lock.close()
 
     def _stop(self, asked: list[int]) -> int:
         """After a first signal: the producer and the workers stop within the grace; after a second,
@@ -364,10 +419,12 @@ class Job:
     def _summary(self, status: RunStatus, exported: int | None) -> int:
         totals = status.progress.totals()
         elapsed = time.monotonic() - self.started
+        tokens = totals.completion_tokens - (self.before.completion_tokens if self.before else 0)
+        done_now = totals.done - (self.before.done if self.before else 0)
         say = self.console.print
         say(f"[green]done[/]: {totals.done:,} prompts, {totals.failed:,} failed, {totals.skipped:,} skipped, "
-            f"{totals.completion_tokens:,} completion tokens in {elapsed:,.1f} s "
-            f"({totals.completion_tokens / max(elapsed, 1e-9):,.0f} tok/s)")
+            f"{totals.rejected:,} rows rejected; this job: {done_now:,} prompts, {tokens:,} completion tokens in "
+            f"{elapsed:,.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tok/s)")
         say(f"shards: {escape(str(self.out / self.plan.run))}")
         if exported is not None:
             say(f"export: {escape(str(self.plan.export_to))} (genfleet export exited {exported})")
@@ -383,7 +440,7 @@ class Job:
         """What a later command needs to find this job's Redis: nothing in the same directory."""
         if self.embedded is None or self.out == Settings().output_dir.resolve():
             return ""
-        return f"GENFLEET_OUTPUT_DIR={self.out} "
+        return f"GENFLEET_OUTPUT_DIR={shlex.quote(str(self.out))} "
 
 
 def run_job(plan: JobPlan) -> int:

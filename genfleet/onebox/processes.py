@@ -77,11 +77,22 @@ class Processes:
     def __init__(self, logs: Path, env: dict[str, str]) -> None:
         self.logs, self.env = logs, env
         self.children: list[tuple[str, subprocess.Popen]] = []
+        self.offsets: dict[str, int] = {}  # where each child's output starts in its log
+
+    def output(self, name: str) -> str:
+        """What the child started as `name` has written (not what earlier ones left in the log)."""
+        with open(self.log(name), errors="replace") as log:
+            log.seek(self.offsets.get(name, 0))
+            return log.read()
 
     def start(self, name: str, *args: str, on_parent_death: int = signal.SIGKILL) -> subprocess.Popen:
-        """Starts `args` with its output in `logs/{name}.log`. Call it from the main thread: the
-        death signal is tied to the thread that starts the child."""
-        log = open(self.logs / f"{name}.log", "w")
+        """Starts `args` with its output appended to `logs/{name}.log` (a resumed job keeps the log
+        of the one before). Call it from the main thread: the death signal is tied to the thread
+        that starts the child."""
+        log = open(self.logs / f"{name}.log", "a")
+        log.write(f"--- started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        log.flush()
+        self.offsets[name] = log.tell()
         try:
             process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True, preexec_fn=dies_with_parent(on_parent_death))

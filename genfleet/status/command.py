@@ -18,7 +18,7 @@ from rich.text import Text
 
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, flower_auth_problem, printable_url
-from genfleet.onebox.embedded_redis import reach_redis
+from genfleet.onebox.embedded_redis import reach_redis, redis_url_given
 from genfleet.status.alarms import NO_PROGRESS_S, AlarmSettings, alarms
 from genfleet.status.read_model import read_status
 from genfleet.status.render import keys_not_echoed, render, status_console, status_json
@@ -59,8 +59,11 @@ def _status_or_error(url: str, run: str, watch: bool, as_json: bool, settings: A
     try:
         _status(connect(url, timeout_s=REDIS_TIMEOUT_S), run, watch, as_json, settings, wide=wide)
     except redis.RedisError as error:
+        # The default URL, nobody named one: perhaps a `genfleet run` job's Redis was meant.
+        hint = ("; for a `genfleet run` job, run this where its output directory is, or set GENFLEET_OUTPUT_DIR"
+                if redis_url_given(None) is None else "")
         Console(stderr=True).print(f"[red]error:[/] Redis at {escape(printable_url(url))}: "
-                                   f"{escape(str(error) or type(error).__name__)}", soft_wrap=True)
+                                   f"{escape(str(error) or type(error).__name__)}{hint}", soft_wrap=True)
         raise typer.Exit(1) from None
 
 

@@ -83,7 +83,8 @@ class RunProgress:
 
     @property
     def finished(self) -> bool:
-        return all(d.finished for d in self.datasets)
+        """Every prompt of the run settled; a run with no dataset (never enqueued here) is not."""
+        return bool(self.datasets) and all(d.finished for d in self.datasets)
 
     def totals(self) -> DatasetProgress:
         fields = {name: sum(getattr(d, name) for d in self.datasets)

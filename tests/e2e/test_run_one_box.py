@@ -143,6 +143,7 @@ def test_kill_9_of_the_whole_job_then_the_same_command_completes_and_generates_l
         status, output = onebox.finish("--upstream", sim.url, *args)
         generations = sim.stats()["requests_started"]
     assert status == 0, output
+    assert "held by workers of an earlier job that did not stop" in output, output
     print(f"in flight at the kill: {in_flight}; generations: {started_before} before the re-run, {generations} in all")
     assert generations <= prompts + in_flight
     assert exported_ids(onebox, "k") == Counter({f"k/{i}": 1 for i in range(prompts)})
@@ -182,12 +183,15 @@ def test_a_worker_started_from_the_printed_listen_line_joins_and_takes_prompts(o
         found = wait_until(lambda: re.search(r"^  ((?:\w+=\S+ )*)genfleet (worker --pool short .*)$", onebox.output(),
                                              re.MULTILINE), timeout=60, message=lambda: onebox.output()[-3000:])
         variables, command = found.group(1), found.group(2)
-        assert "--redis-url 'redis://:" in command and f"@127.0.0.1:{port}/0'" in command
+        argv = shlex.split(command)
+        remote = argv[argv.index("--redis-url") + 1]
+        assert remote.startswith("redis://:") and remote.endswith(f"@127.0.0.1:{port}/0")
+        assert argv[argv.index("--tokenizer") + 1] == str(TOKENIZER)  # the job's workers' flags, the same
         other_host = tmp_path / "other-host"
         env = {**onebox.env, **dict(word.split("=", 1) for word in shlex.split(variables)),
                "GENFLEET_OUTPUT_DIR": str(other_host)}
         try:
-            joined = subprocess.Popen([sys.executable, "-m", "genfleet", *shlex.split(command)], cwd=tmp_path,
+            joined = subprocess.Popen([sys.executable, "-m", "genfleet", *argv], cwd=tmp_path,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
             wait_until(lambda: shard_records(other_host), timeout=90, message="the joined worker wrote no record")
             process.wait(timeout=120)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from genfleet.common.run_state import RowRejection, RunManifest, RunState
 from genfleet.onebox.command import ENQUEUE_OPTIONS_LEFT_OUT, enqueue_arguments, run_command
-from genfleet.onebox.embedded_redis import EmbeddedRedis, Listen, reach_redis
+from genfleet.onebox.embedded_redis import EmbeddedRedis, EmbeddedRedisError, Listen, reach_redis
 from genfleet.producer.command import enqueue_command, nothing_accepted
 from genfleet.producer.enqueue_report import DatasetReport
 
@@ -92,6 +92,8 @@ def test_the_embedded_redis_keeps_its_password_private_and_its_data_across_resta
         # A second starter finds it running and uses it, owning nothing.
         second = EmbeddedRedis(tmp_path / "out")
         assert second.start() == endpoint and second.process is None
+        second.stop()  # it started nothing, and the first still uses it
+        assert first.running() == endpoint
     finally:
         first.stop()
     assert first.running() is None and not (first.directory / "endpoint.json").exists()
@@ -150,3 +152,48 @@ def test_a_dataset_with_every_row_too_long_names_the_fix():
     assert lines[0].startswith("a: every row was rejected (3); 3 too long") and "--context-rule clip" in lines[0]
     assert lines[0].count("--max-new-tokens-short") == 1
     assert lines[1] == "c: every row was rejected (1); the reasons are above"
+
+
+def test_the_last_command_using_the_embedded_redis_stops_it_whoever_started_it(tmp_path):
+    watcher = EmbeddedRedis(tmp_path / "out")  # e.g. `status --watch`, before the job
+    endpoint = watcher.start(on_parent_death=None)
+    job = EmbeddedRedis(tmp_path / "out")
+    assert job.start() == endpoint and job.process is None
+    watcher.stop()  # the watcher leaves first: the job still uses it
+    assert job.running() == endpoint
+    job.stop()  # the last user out stops it, though another started it
+    assert job.running() is None
+
+
+def test_one_job_per_output_directory(tmp_path):
+    first, second = EmbeddedRedis(tmp_path / "out"), EmbeddedRedis(tmp_path / "out")
+    held = first.claim_job()
+    assert held is not None and second.claim_job() is None
+    held.close()
+    assert second.claim_job() is not None
+
+
+def test_a_listen_port_taken_by_another_server_fails_with_its_log_named(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        embedded = EmbeddedRedis(tmp_path / "out")
+        with pytest.raises(EmbeddedRedisError, match=r"redis-server exited .*redis\.log"):
+            embedded.start(Listen("127.0.0.1", taken.getsockname()[1]))
+
+
+def test_an_ipv6_address_goes_in_brackets_in_the_url(tmp_path):
+    from genfleet.onebox.embedded_redis import Endpoint
+
+    embedded = EmbeddedRedis(tmp_path / "out")
+    url = embedded.url(Endpoint("127.0.0.1", 6390, 1, None), host="::1")
+    assert url.endswith("@[::1]:6390/0")
+    assert redis.Redis.from_url(url).connection_pool.connection_kwargs["host"] == "::1"
+
+
+def test_a_run_this_redis_has_never_seen_is_not_finished(redis_client):
+    from genfleet.status.read_model import read_progress
+
+    assert not read_progress(redis_client, "never-enqueued").finished
