@@ -303,6 +303,10 @@ def progress_lines(status: RunStatus, clock: str) -> list[str]:
         lines.append(f"{clock} {d.dataset}: {d.done:,}/{d.total:,} done ({_done_percent(d)}%) · "
                      f"{rates.req_per_min:,.0f} req/min · {rates.tok_per_s:,.0f} tok/s · {d.failed:,} failed · "
                      f"{state}")
+    for upstream in status.upstreams:
+        if upstream.workers and upstream.down_in:
+            lines.append(f"{clock} upstream {upstream.url}: down for {upstream.down_in} of {upstream.workers} "
+                         "workers (no answer: its prompts wait)")
     return lines
 
 
