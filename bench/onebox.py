@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.processes import TOKENIZER, Processes, genfleet
 from bench.prompts import write_prompts
-from bench.throughput import FULL, POLL_S, QUICK, RUN_TIMEOUT_S, SLOTS, Profile, run_baseline
+from bench.throughput import FULL, POLL_S, QUICK, RUN_TIMEOUT_S, SLOTS, Profile, in_turn, run_baseline
 
 
 def run_onebox(profile: Profile, prompts: Path) -> dict:
@@ -59,12 +59,8 @@ def _any_record(directory: Path) -> bool:
 def compare(profile: Profile, workdir: Path, baseline_first: bool = False) -> dict:
     """Both on the same prompts; `baseline_first` alternates the order across repeats."""
     prompts = write_prompts(workdir / "prompts.jsonl", profile.prompts)
-    if baseline_first:
-        baseline = run_baseline(profile, prompts)
-        onebox = run_onebox(profile, prompts)
-    else:
-        onebox = run_onebox(profile, prompts)
-        baseline = run_baseline(profile, prompts)
+    onebox, baseline = in_turn(lambda: run_onebox(profile, prompts), lambda: run_baseline(profile, prompts),
+                               baseline_first)
     if onebox["completion_tokens"] != baseline.completion_tokens:
         raise RuntimeError(f"different work: genfleet run {onebox['completion_tokens']:,} tokens, "
                            f"the script {baseline.completion_tokens:,}")

@@ -13,8 +13,10 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -22,6 +24,8 @@ from bench.proc_stats import MachineCpu, cpu_seconds, has_exited, peak_rss_bytes
 from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet
 from bench.prompts import write_prompts
 from bench.steady_state import JobWindow, Window
+
+T = TypeVar("T")
 
 SLOTS = 150  # in flight per host (docs/ARCHITECTURE.md), for genfleet and the baseline's semaphore
 POLL_S = 0.05
@@ -238,15 +242,21 @@ class Comparison:
                 "cpu_ratio": self.cpu_ratio, "wall_ratio": self.wall_ratio}
 
 
+def in_turn(ours: Callable[[], T], baseline: Callable[[], SideResult], baseline_first: bool) -> tuple[T, SideResult]:
+    """Both sides, one after the other; `baseline_first` alternates the order across repeats, so
+    that neither always runs on the machine the other has just warmed (or heated)."""
+    if baseline_first:
+        theirs = baseline()
+        return ours(), theirs
+    mine = ours()
+    return mine, baseline()
+
+
 def compare(profile: Profile, workdir: Path, baseline_first: bool = False) -> Comparison:
     """Both sides on the same prompts; `baseline_first` alternates the order across repeats."""
     prompts = write_prompts(workdir / "prompts.jsonl", profile.prompts)
-    if baseline_first:
-        baseline = run_baseline(profile, prompts)
-        fleet = run_genfleet(profile, prompts)
-    else:
-        fleet = run_genfleet(profile, prompts)
-        baseline = run_baseline(profile, prompts)
+    fleet, baseline = in_turn(lambda: run_genfleet(profile, prompts), lambda: run_baseline(profile, prompts),
+                              baseline_first)
     return Comparison(profile, fleet, baseline)
 
 

@@ -35,7 +35,6 @@ import redis
 from rich.console import Console, Group
 from rich.markup import escape
 
-from genfleet.common.fleet_stats import read_beacons
 from genfleet.common.keys import ManifestFields
 from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import get_format
@@ -43,7 +42,7 @@ from genfleet.common.run_state import RunManifest, connect
 from genfleet.common.settings import Settings, printable_url
 from genfleet.onebox.embedded_redis import EmbeddedRedis, EmbeddedRedisError, Listen
 from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free
-from genfleet.status.read_model import DatasetProgress, RunStatus, read_progress, read_status
+from genfleet.status.read_model import DatasetProgress, RunProgress, RunStatus, read_progress, read_status
 from genfleet.status.render import progress_bars, progress_lines, render
 from genfleet.workers.servers.api import ServerDescription
 from genfleet.workers.telemetry import DEFAULT_PORTS
@@ -247,13 +246,12 @@ class Job:
         self.processes.start(f"worker-{pool}", *genfleet("worker", *args))
         self.pools_started.add(pool)
 
-    def _start_long_pool_when_due(self, client: redis.Redis, produced: int | None) -> None:
-        """The long pool starts once the short one is up (its beacon is in Redis) or the producer is
-        done, whichever is first: three processes importing Celery and a tokenizer at once on a
-        small machine would each take longer to start (the first record came ~0.5 s later)."""
-        if "long" in self.pools_started:
-            return
-        if produced is not None or any(beacon.pool == "short" for beacon in read_beacons(client)):
+    def _start_long_pool_when_due(self, progress: RunProgress) -> None:
+        """The long pool starts with the first prompt on the long queue (enqueued long, a
+        continuation, or one a killed worker held): a job without long prompts never pays for a
+        second Celery worker, whose start takes seconds of a core on a small machine, taken from
+        the server and the short pool beside it."""
+        if "long" not in self.pools_started and progress.queued.get("long", 0) > 0:
             self._start_pool("long")
 
     def _start_watchers(self, processes: Processes, env: dict[str, str]) -> str | None:
@@ -274,8 +272,8 @@ class Job:
         say(f"[bold]genfleet run[/] [cyan]{escape(plan.run)}[/] · {', '.join(map(escape, plan.upstreams))} · "
             f"{escape(where)}", soft_wrap=True)
         say(f"shards: {escape(str(self.out / plan.run))} · logs: {escape(str(self.logs))} · metrics: "
-            + (" · ".join(f"{pool} :{port}" for pool, port in metrics.items()) if all(metrics.values()) else "off"),
-            soft_wrap=True)
+            + (" · ".join(f"{pool} :{port}" for pool, port in metrics.items()) if all(metrics.values()) else "off")
+            + " (the long pool starts with the first long prompt)", soft_wrap=True)
         if self.parser_source:
             say(f"reasoning parser: {env['GENFLEET_REASONING_PARSER']} ({self.parser_source})")
         if plan.flower_port is not None:
@@ -337,8 +335,9 @@ class Job:
             if produced not in (None, 0):
                 return None
             try:
-                self._start_long_pool_when_due(client, produced)
-                ended = produced == 0 and read_progress(client, self.plan.run).finished
+                progress = read_progress(client, self.plan.run)
+                self._start_long_pool_when_due(progress)
+                ended = produced == 0 and progress.finished
                 if ended or time.monotonic() >= next_shown:
                     status = read_status(client, self.plan.run)
                     show(status)

@@ -113,15 +113,21 @@ def test_defaults_too_long_for_a_4096_context_are_refused_then_the_corrected_com
         assert "every row was rejected (30)" in output and "--context-rule clip" in output, output
         assert sim.stats()["requests_started"] == 0
 
+        # The corrected command, with a dataset pinned to the long queue: the long pool starts for it.
+        pinned = write_prompts(tmp_path / "p.jsonl", 5)
         status, output = onebox.finish("--run", "r", "--upstream", sim.url, "--max-new-tokens", "256",
-                                       "--export", "sharegpt", "--export-to", str(tmp_path / "export"), f"q={data}")
+                                       "--export", "sharegpt", "--export-to", str(tmp_path / "export"), f"q={data}",
+                                       f"p={pinned}:long")
     assert status == 0, output
     assert re.search(r"^\d\d:\d\d:\d\d q: 30/30 done \(100\.0%\) · .* req/min · .* tok/s · 0 failed · done$",
                      output, re.MULTILINE), output
-    ids = Counter(record["id"] for record in onebox.records("r"))
-    assert set(ids) == {f"q/{i}" for i in range(30)} and max(ids.values()) == 1
+    expected = {*(f"q/{i}" for i in range(30)), *(f"p/{i}" for i in range(5))}
+    records = onebox.records("r")
+    ids = Counter(record["id"] for record in records)
+    assert set(ids) == expected and max(ids.values()) == 1
+    assert {record["partition"] for record in records if record["id"].startswith("p/")} == {"long"}
     exported = (tmp_path / "export" / "all.jsonl").read_text().splitlines()
-    assert Counter(json.loads(line)["id"] for line in exported) == Counter({f"q/{i}": 1 for i in range(30)})
+    assert Counter(json.loads(line)["id"] for line in exported) == Counter(dict.fromkeys(expected, 1))
 
 
 def test_kill_9_of_the_whole_job_then_the_same_command_completes_and_generates_little_again(onebox, tmp_path):
