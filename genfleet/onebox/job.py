@@ -133,8 +133,10 @@ class Job:
         self.before = progress.totals()
         self.processes = processes = Processes(self.logs, env)
         self._start_pool("short")
-        enqueue = processes.start("enqueue", *genfleet("enqueue", "--redis-url", url, *plan.enqueue_args,
-                                                       *self._context_args(description)))
+        # The producer reads the job's Redis from GENFLEET_REDIS_URL (the job picked it as the producer
+        # would: the run file's, else the environment's), never from its command line, where `ps`
+        # would show the embedded Redis's password.
+        enqueue = processes.start("enqueue", *genfleet("enqueue", *plan.enqueue_args, *self._context_args(description)))
         flower_auth = self._start_watchers(processes, env)
         self._print_header(url, self.metrics, flower_auth, env)
         if self.embedded is not None and progress.unacked:

@@ -64,8 +64,11 @@ def test_lengths_the_producer_can_know_are_refused_at_enqueue_and_clip_lowers_wh
     data = write_jsonl(tmp_path / "r.jsonl", [{"prompt": p} for p in (short, over)])
     real_fleet.start_worker("long", cumulative.url, wait=False)  # prompt + 40,000 is past the long threshold
 
-    # reserve (the default): no prompt fits with 40,000 new tokens. Nothing is published.
-    reserve = enqueue(real_fleet, model, "reserve", f"r={data}", extra=("--max-new-tokens", "40000"))
+    # reserve (the default): no prompt fits with 40,000 new tokens. Nothing is published, and the
+    # producer exits 1 naming the fix: a run left with nothing to do is not a success.
+    reserve = real_fleet.genfleet("enqueue", "--run", "reserve", "--tokenizer", str(model), "--max-new-tokens", "40000",
+                                  f"r={data}", check=False)
+    assert reserve.returncode == 1 and "--context-rule clip" in reserve.stderr, reserve.stderr
     assert (f"prompt too long: {short_tokens} prompt tokens + 40000 max new tokens > context length "
             f"{TIER_CONTEXT}") in reserve.stderr
     assert f"prompt too long: {TIER_CONTEXT + 10} prompt tokens + 40000 max new tokens" in reserve.stderr
