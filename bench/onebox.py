@@ -12,12 +12,11 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from bench.processes import TOKENIZER, Processes, genfleet
 from bench.prompts import write_prompts
-from bench.throughput import FULL, POLL_S, QUICK, RUN_TIMEOUT_S, SLOTS, Profile, in_turn, run_baseline
+from bench.throughput import POLL_S, RUN_TIMEOUT_S, SLOTS, Profile, chosen_profile, in_turn, run_baseline
 
 
 def run_onebox(profile: Profile, prompts: Path) -> dict:
@@ -79,10 +78,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int)
     args = parser.parse_args()
     interrupt_on_signals()
-    profile = QUICK if args.quick else FULL
-    if args.prompts:
-        profile = replace(profile, prompts=args.prompts)
-    print(profile.describe(), flush=True)
+    profile = chosen_profile(args)
     with tempfile.TemporaryDirectory(prefix="genfleet-bench-") as tmp:
         print(json.dumps(compare(profile, Path(tmp)), indent=1))
 

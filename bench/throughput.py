@@ -260,6 +260,15 @@ def compare(profile: Profile, workdir: Path, baseline_first: bool = False) -> Co
     return Comparison(profile, fleet, baseline)
 
 
+def chosen_profile(args: argparse.Namespace) -> Profile:
+    """`--quick` and `--prompts N` of a bench script run alone, the profile it runs printed."""
+    profile = QUICK if args.quick else FULL
+    if args.prompts:
+        profile = replace(profile, prompts=args.prompts)
+    print(profile.describe(), flush=True)
+    return profile
+
+
 def main() -> None:
     import tempfile
 
@@ -272,10 +281,7 @@ def main() -> None:
     parser.add_argument("--py-spy", type=Path, help="genfleet side: record the worker's stacks into this file")
     args = parser.parse_args()
     interrupt_on_signals()
-    profile = QUICK if args.quick else FULL
-    if args.prompts:
-        profile = replace(profile, prompts=args.prompts)
-    print(profile.describe(), flush=True)
+    profile = chosen_profile(args)
     with tempfile.TemporaryDirectory(prefix="genfleet-bench-") as tmp:
         if args.side == "both":
             print(json.dumps(compare(profile, Path(tmp)).to_dict(), indent=1, default=str))

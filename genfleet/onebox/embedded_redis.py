@@ -13,7 +13,8 @@ Everything is in `{output dir}/.genfleet-redis/`:
 The settings are the broker's, as docs/ARCHITECTURE.md asks: AOF on, `maxmemory-policy noeviction`
 (a queued prompt is never evicted), no RDB snapshots. It listens on 127.0.0.1, on a free port
 chosen at each start, unless `--listen ADDR:PORT` exposes it to other hosts (the password then
-guards it; redis 7's protected mode only covers a server without one: `src/networking.c`).
+guards it; protected mode only applies to a server with no password and no `bind`: redis.conf's
+"protected-mode" comment, redis 7).
 
 `reach_redis` is how `status`, `failures`, `requeue`, `recover` and `export` find it: with no
 `--redis-url` and no `GENFLEET_REDIS_URL`, an output directory that holds an embedded Redis is
@@ -200,7 +201,8 @@ class EmbeddedRedis:
             elif (endpoint := self.running()) is not None:
                 client = redis.Redis.from_url(self.url(endpoint), socket_timeout=timeout_s)
                 try:
-                    client.shutdown()  # redis-py 8 returns once the server has closed the connection
+                    # Returns once the server has closed the connection (redis-py 8.1 commands/core.py).
+                    client.shutdown()
                 except redis.RedisError:
                     return  # it would not stop: it keeps running, and so does its endpoint file
             (self.directory / "endpoint.json").unlink(missing_ok=True)

@@ -10,9 +10,10 @@ under the workers' feet.
 A parent killed with SIGKILL runs no code, so the kernel stops its children instead: `prctl(
 PR_SET_PDEATHSIG)` (Linux's prctl(2)) asks it to send each child a signal when the thread that
 started it dies. Workers and the producer get SIGKILL, the same as `kill -9` of the whole tree (the
-shards are the truth, and a re-run resumes); redis-server gets SIGTERM, on which it writes out its
-AOF before exiting (redis 7 `src/server.c`, `prepareForShutdown` → `flushAppendOnlyFile(1)` and
-`redis_fsync`). Elsewhere (macOS) children outlive a SIGKILLed parent, as with any shell job.
+shards are the truth, and a re-run resumes); redis-server gets SIGTERM, on which it shuts down
+as on `SHUTDOWN`, calling fsync on the AOF first (redis-doc `topics/signals.md`, "Handling of
+SIGTERM and SIGINT"; redis `src/server.c` `prepareForShutdown`). Elsewhere (macOS) children
+outlive a SIGKILLed parent, as with any shell job.
 """
 from __future__ import annotations
 

@@ -205,3 +205,14 @@ def test_a_skewed_worker_clock_and_a_lost_run_state_are_alarms_that_say_what_to_
                for line in lines)
     assert any(line.startswith(f"state lost: Redis no longer has run {status.run}")
                and f"genfleet recover --run {status.run} --from OUTPUT_DIR" in line for line in lines)
+
+
+def test_a_run_whose_every_row_was_rejected_says_nothing_enqueued_not_finished():
+    """A run with datasets but no prompt (every row rejected) once read "0/0 done · finished"."""
+    empty = progress("all-rejected", 0, 0, 0)
+    run = RunProgress("r", [empty], {"short": 0, "long": 0}, 0)
+    status = RunStatus(run="r", time=1.0, progress=run, datasets=[row(empty, None)], partitions=[], upstreams=[],
+                       workers=0, created_at=0.0, first_finished=None, last_finished=None,
+                       totals=row(run.totals(), None))
+    title = printed(status, 120)[0]
+    assert "0/0 done" in title and "nothing enqueued" in title and "finished" not in title
