@@ -13,6 +13,9 @@ PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 # Requests in flight per SGLang host, per pool: long prompts hold far more KV cache each.
 IN_FLIGHT_PER_HOST = {SHORT: 150, LONG: 32}
 
+# Each pool's Prometheus /metrics port by default: a host runs one worker per pool.
+DEFAULT_METRICS_PORTS = {SHORT: 9650, LONG: 9651}
+
 # `enqueue` keeps each queue at most this deep by default (`--max-queue-depth`): the slots of a
 # 100-host fleet, i.e. one prompt per stream of a 100-host fleet is waiting (minutes of work, as each
 # stream takes minutes) while Redis holds a bounded amount: a queued message is ~1.4 KB plus ~14 bytes

@@ -36,7 +36,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 
 from genfleet.common.keys import ManifestFields
-from genfleet.common.queues import PARTITIONS
+from genfleet.common.queues import DEFAULT_METRICS_PORTS, PARTITIONS
 from genfleet.common.reasoning import get_format
 from genfleet.common.run_state import RunManifest, connect
 from genfleet.common.settings import Settings, printable_url
@@ -45,11 +45,10 @@ from genfleet.onebox.processes import ChildFailed, Processes, free_port, genflee
 from genfleet.status.read_model import DatasetProgress, RunProgress, RunStatus, read_progress, read_status
 from genfleet.status.render import progress_bars, progress_lines, render
 from genfleet.workers.servers.api import ServerDescription
-from genfleet.workers.telemetry import DEFAULT_PORTS
 
 # The end is noticed within this (the counters alone: `read_progress`); the full status, which costs
 # more Redis round trips, is read only to be shown: each second on a terminal, else each line.
-POLL_S = 0.2
+POLL_S = 0.1
 LIVE_REFRESH_S = 1.0
 REDIS_TIMEOUT_S = 10.0
 # Lines of the producer's log shown when it ends (the rest stay in the file).
@@ -232,7 +231,7 @@ class Job:
         GENFLEET_METRICS_PORT=0 turns both off."""
         if self.settings.metrics_port == 0:
             return {pool: 0 for pool in PARTITIONS}
-        return {pool: DEFAULT_PORTS[pool] if port_is_free(DEFAULT_PORTS[pool]) else free_port()
+        return {pool: DEFAULT_METRICS_PORTS[pool] if port_is_free(DEFAULT_METRICS_PORTS[pool]) else free_port()
                 for pool in PARTITIONS}
 
     def _start_pool(self, pool: str) -> None:

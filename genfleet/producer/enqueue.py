@@ -56,6 +56,11 @@ class _Candidate:
     max_tokens: int | None  # the row's own cap (OpenAI Batch `max_tokens`)
 
 
+# The first batch of a dataset is this small, so the workers get their first prompts after ~15 ms
+# of templating rather than a whole batch's ~120 ms (1,024 rows): the time to the first record.
+FIRST_BATCH_ROWS = 128
+
+
 def enqueue_dataset(dataset: DatasetConfig, config: RunConfig, run: str, *, templater: PromptTemplater,
                     destination: Destination, context_length: int | None,
                     on_rows: Callable[[int], None] | None = None) -> DatasetReport:
@@ -67,7 +72,9 @@ def enqueue_dataset(dataset: DatasetConfig, config: RunConfig, run: str, *, temp
     # templated: one batch in flight, in order, each still one atomic publish.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="genfleet-publish") as publishing:
         in_flight: Future[PublishResult] | None = None
-        while batch := list(islice(rows, config.batch_rows)):
+        size = min(FIRST_BATCH_ROWS, config.batch_rows)
+        while batch := list(islice(rows, size)):
+            size = config.batch_rows
             report.rows_read += len(batch)
             tasks, rejections, cut = batch_pass.prepare(batch)
             if in_flight is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -17,9 +18,10 @@ from celery.worker.request import Request
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
-from genfleet.common.tokenizer import load_tokenizer
+from genfleet.common.tokenizer import BackgroundTokenizer
 from genfleet.workers.admission import AdmissionControl
 from genfleet.workers.delivery import Blackout, LeaseKeeper, Reaper
+from genfleet.workers.errors import ShutdownRequested
 from genfleet.workers.generation.first_cap import FirstCaps
 from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.output import DiskGuard, ShardSet
@@ -68,7 +70,8 @@ class WorkerRuntime:
         # A host whose breaker closes again may have restarted with other settings.
         upstreams.on_recovered = server.forget
         name = f"{settings.pool}-{socket.gethostname()}-{os.getpid()}"
-        tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+        tokenizer = (BackgroundTokenizer(settings.tokenizer, on_failure=stop_this_worker, unavailable=ShutdownRequested)
+                     if settings.tokenizer else None)
         client_redis = connect(settings.redis_url)
         blackout = Blackout()  # the heartbeat and the reaper of this process share what they saw of Redis
         return cls(
@@ -134,6 +137,17 @@ class WorkerRuntime:
             self.admission.stop()
         self.shards.close()
         self.server.close()
+
+
+def stop_this_worker(_error: BaseException) -> None:
+    """A worker whose tokenizer did not load stops (a warm shutdown: what runs gives its message
+    back) and exits 1, its log saying why."""
+    global stopped_for_a_fault
+    stopped_for_a_fault = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+stopped_for_a_fault = False
 
 
 def per_upstream_cap(settings: Settings) -> int:

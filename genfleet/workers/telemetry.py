@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from genfleet.common import fleet_stats
 from genfleet.common.keys import KOMBU_UNACKED, queue_list
-from genfleet.common.queues import GENERATE_TASK, LONG, PARTITIONS, SHORT
+from genfleet.common.queues import DEFAULT_METRICS_PORTS, GENERATE_TASK, PARTITIONS
 from genfleet.common.records import CompletionRecord, TaskPayload
 from genfleet.common.run_state import created_at
 from genfleet.workers.admission import streams
@@ -46,9 +46,6 @@ from genfleet.workers.errors import GenerationError, IntegrityError
 from genfleet.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
-
-# Each host runs one worker per pool, so each pool gets its own default port.
-DEFAULT_PORTS = {SHORT: 9650, LONG: 9651}
 
 # Up to an hour: a long-partition prompt can queue behind a full server and decode for many minutes.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -338,7 +335,7 @@ def start(runtime: WorkerRuntime) -> Beacon:
     beacon.start()
     METRICS.slots.labels(pool).set(slots)
     port = runtime.settings.metrics_port
-    port = DEFAULT_PORTS.get(pool, 0) if port is None else port
+    port = DEFAULT_METRICS_PORTS.get(pool, 0) if port is None else port
     if port:
         METRICS.registry.register(FleetCollector(runtime.redis, lambda: upstream_view(runtime),
                                                  runtime.first_caps.current))

@@ -4,6 +4,8 @@ plain click layout puts a long name on its own line instead."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -27,3 +29,14 @@ def test_help_at_80_columns_spells_every_option_name_in_full(name):
              for option in (*param.opts, *param.secondary_opts)]
     cut = [option for option in names if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", result.output)]
     assert not cut, f"`genfleet {name} --help` at 80 columns cuts {cut}:\n{result.output}"
+
+
+@pytest.mark.parametrize(("command", "not_loaded"), [("worker", "genfleet.producer"), ("enqueue", "genfleet.workers"),
+                                                     ("run", "genfleet.workers.lifecycle")])
+def test_a_command_imports_its_own_module_only(command, not_loaded):
+    """Each process `genfleet run` starts pays only for its own command's imports (genfleet/cli.py)."""
+    probe = ("import sys; from genfleet import cli; sys.argv = ['genfleet', %r, '--help']\n"
+             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(%r)))") % (command, not_loaded)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]

@@ -391,10 +391,19 @@ class CompletionSplitter:
         self.tokenizer = tokenizer
         # What the requests asked the server for: the text it sent is decoded that way.
         self.skip_special_tokens = skip_special_tokens
-        strip = set(TURN_END_TOKENS)
-        if tokenizer is not None:
-            strip |= {t for t in (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) if t}
-        self._strip = tuple(sorted(strip, key=len, reverse=True))
+        self._strip_tokens: tuple[str, ...] | None = None
+
+    @property
+    def _strip(self) -> tuple[str, ...]:
+        """The end tokens stripped from a completion's end: read from the tokenizer at first use (a
+        worker's may still be loading when it is built: common/tokenizer.py)."""
+        if self._strip_tokens is None:
+            strip = set(TURN_END_TOKENS)
+            if self.tokenizer is not None:
+                strip |= {t for t in (self.tokenizer.eos_token, self.tokenizer.bos_token, self.tokenizer.pad_token)
+                          if t}
+            self._strip_tokens = tuple(sorted(strip, key=len, reverse=True))
+        return self._strip_tokens
 
     def split(self, generation: Generation, chat_template_kwargs: Mapping[str, Any] | None) -> ReasoningSplit:
         if generation.reasoning is not None or generation.content is not None:
