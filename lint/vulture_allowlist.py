@@ -57,3 +57,7 @@ __getattr__, _.__getattr__, _.__path__, _.create_module, _.exec_module
 
 # `inspect.signature` (and so typer) reads a function's `__signature__` (genfleet/onebox/command.py).
 _.__signature__
+
+# The `genfleet` commands, imported by name when their command runs (genfleet/cli.py COMMANDS).
+run_command, enqueue_command, worker_command, status_command, sim_command, flower_command
+failures_command, requeue_command, recover_command, export_command, doctor_command, demo_command

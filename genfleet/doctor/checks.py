@@ -267,12 +267,13 @@ def upstream_check(server: ServerApi, url: str, settings: Settings,
     name = f"upstream {url}"
     health = server.health(url, timeout_s=HEALTH_TIMEOUT_S)
     if not health.reachable:
-        return None, fail(name, health.detail, "start the SGLang server there, or fix --upstream")
+        return None, fail(name, health.detail, "start the server (SGLang or vLLM) there, or fix --upstream")
     if not health.ready:
         return None, fail(name, health.detail, "wait for the server to finish loading, or restart it")
     # The workers' own readers: what the server says about itself, and its load.
     upstream = Upstream(url, server.describe(url), server.read_load(url).load)
-    return upstream, _judge(name, upstream, settings, run_context_length, server.load_source)
+    return upstream, _judge(name, upstream, settings, run_context_length,
+                            upstream.description.load_source or server.load_source)
 
 
 def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length: int | None,
@@ -282,7 +283,8 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
               "incremental" if info.incremental else "cumulative")
     server_parser = info.reasoning_parser
     context = f"{info.context_length:,}" if info.context_length else "unknown"
-    detail = (f"healthy; model {info.model.name}; reasoning parser {server_parser or 'none'}; stream {stream}, "
+    kind = f"{info.kind or 'server'} {info.version or '(version not reported)'}"
+    detail = (f"healthy: {kind}; model {info.model.name}; reasoning parser {server_parser or 'none'}; stream {stream}, "
               f"stream_interval {info.stream_interval or '?'} (requests ask {settings.stream_interval}); "
               f"context {context}; {_load_detail(upstream.load, load_source)}")
     findings: list[tuple[Status, str, str]] = []
@@ -299,6 +301,10 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
                                  f"{settings.reasoning_parser}",
                          f"GENFLEET_REASONING_PARSER={server_parser} if that is the model's parser "
                          "(`genfleet run` takes the server's when none is set)"))
+    if info.kind == "vllm" and not server_parser and "reasoning_parser" not in settings.model_fields_set:
+        findings.append((Status.WARN, f"vLLM does not say which reasoning parser it runs: genfleet splits with "
+                                      f"{settings.reasoning_parser}",
+                         "set GENFLEET_REASONING_PARSER to the model's parser (the one given to vllm serve)"))
     if info.incremental is None:
         findings.append((Status.WARN, "no stream mode reported: workers infer it from the chunks",
                          "run a server that reports its settings (SGLang 0.5.23's /server_info does)"))

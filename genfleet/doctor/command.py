@@ -39,7 +39,7 @@ from genfleet.producer.run_config import (
     RunFileError,
 )
 from genfleet.workers.command import usage_error
-from genfleet.workers.servers.sglang import SglangServer
+from genfleet.workers.servers.kinds import AnyServer
 
 # Stands in for the datasets when the run file names none, so `resolve` still merges the run file's
 # chat template kwargs and `thinking` exactly as it would for a dataset. Never read.
@@ -65,18 +65,18 @@ def run_checks(preflight: Preflight) -> list[Check]:
         checks.append(template_check(probes[-1], fmt))
     if not settings.upstreams:
         return [*checks, fail("upstreams", "none given", "pass --upstream URL (once per host) or GENFLEET_UPSTREAMS")]
-    sglang = SglangServer(max_connections=4, connect_timeout_s=min(settings.connect_timeout_s, TIMEOUT_S),
-                          stall_timeout_s=30.0)
+    server = AnyServer(max_connections=4, connect_timeout_s=min(settings.connect_timeout_s, TIMEOUT_S),
+                       stall_timeout_s=30.0)
     try:
         for url in settings.upstreams:
-            upstream, row = upstream_check(sglang, url, settings, preflight.context_length)
+            upstream, row = upstream_check(server, url, settings, preflight.context_length)
             checks.append(row)
             if upstream is not None:
                 for probe in probes:
-                    checks.append(generation_check(sglang, url, upstream.description.model.name, tokenizer, probe,
+                    checks.append(generation_check(server, url, upstream.description.model.name, tokenizer, probe,
                                                    settings, fmt))
     finally:
-        sglang.close()
+        server.close()
     return checks
 
 

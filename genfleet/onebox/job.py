@@ -170,9 +170,9 @@ class Job:
 
     def _describe_server(self) -> ServerDescription | None:
         """What the first upstream says of itself (its reasoning parser and context), or None."""
-        from genfleet.workers.servers.sglang import SglangServer
+        from genfleet.workers.servers.kinds import AnyServer
 
-        server = SglangServer(max_connections=2, connect_timeout_s=5.0, stall_timeout_s=10.0)
+        server = AnyServer(max_connections=2, connect_timeout_s=5.0, stall_timeout_s=10.0)
         try:
             for url in self.plan.upstreams:
                 if not server.health(url, timeout_s=5.0).reachable:

@@ -26,7 +26,7 @@ from genfleet.workers.generation.first_cap import FirstCaps
 from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.output import DiskGuard, ShardSet
 from genfleet.workers.servers.api import ServerApi
-from genfleet.workers.servers.sglang import SglangServer
+from genfleet.workers.servers.kinds import AnyServer
 from genfleet.workers.upstreams import UpstreamPool
 
 # Threads beyond the in-flight cap: while one thread fsyncs its record, acks and fetches the next
@@ -61,7 +61,7 @@ class WorkerRuntime:
     @classmethod
     def build(cls, settings: Settings) -> WorkerRuntime:
         in_flight = settings.in_flight()
-        server = SglangServer(max_connections=in_flight + SPARE_THREADS + SPARE_CONNECTIONS,
+        server = AnyServer(max_connections=in_flight + SPARE_THREADS + SPARE_CONNECTIONS,
                               connect_timeout_s=settings.connect_timeout_s, stall_timeout_s=settings.stall_timeout_s)
         upstreams = UpstreamPool(settings.upstreams, per_upstream_cap=per_upstream_cap(settings),
                                  healthy=lambda url: server.health(url, timeout_s=PROBE_TIMEOUT_S).ready,

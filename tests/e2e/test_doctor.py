@@ -118,7 +118,7 @@ def test_a_dead_upstream_fails_and_no_generation_is_tried(sim, redis_url, tmp_pa
     result = doctor("--upstream", sim.url, redis_url=redis_url, upstream=dead, output_dir=tmp_path / "out",
                     expect_exit=1)
     assert f"upstream {dead}" in result.stdout and "unreachable" in result.stdout
-    assert "start the SGLang server there, or fix --upstream" in result.stdout
+    assert "start the server (SGLang or vLLM) there, or fix --upstream" in result.stdout
     assert f"test generation {dead}" not in result.stdout
     assert f"test generation {sim.url}" in result.stdout  # the live host is still checked
     assert "1 failed" in result.stdout

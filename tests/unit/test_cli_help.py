@@ -35,8 +35,8 @@ def test_help_at_80_columns_spells_every_option_name_in_full(name):
                                                      ("run", "genfleet.workers.lifecycle")])
 def test_a_command_imports_its_own_module_only(command, not_loaded):
     """Each process `genfleet run` starts pays only for its own command's imports (genfleet/cli.py)."""
-    probe = ("import sys; from genfleet import cli; sys.argv = ['genfleet', %r, '--help']\n"
+    probe = (f"import sys; from genfleet import cli; sys.argv = ['genfleet', {command!r}, '--help']\n"
              "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in sys.modules if m.startswith(%r)))") % (command, not_loaded)
+             f"print(sorted(m for m in sys.modules if m.startswith({not_loaded!r})))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]

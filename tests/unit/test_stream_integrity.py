@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from genfleet.common.reasoning import REASONING_FORMATS, split_reasoning
 from genfleet.workers.errors import IntegrityError
-from genfleet.workers.servers.sglang import ChatStreamAssembler, StreamAssembler
+from genfleet.workers.servers.sglang import StreamAssembler
 from genfleet.workers.servers.sglang_info import StreamMode
+from genfleet.workers.servers.streaming import ChatStreamAssembler
 
 CUMULATIVE, INCREMENTAL, V0_5_2 = "cumulative", "incremental", "0.5.2"
 MODES = (CUMULATIVE, INCREMENTAL, V0_5_2)

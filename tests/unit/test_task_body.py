@@ -55,7 +55,7 @@ def test_the_records_model_is_asked_with_no_slot_held(redis_url, tmp_path, token
     # once the stream's slot is given back (and only for a record, not for each part or turn).
     with sim_on_a_socket(*FAST) as sim, worker_runtime(redis_url, tmp_path, sim.url) as runtime:
         held_when_asked: list[int] = []
-        info = runtime.server.info  # the SGLang kind's cache of /server_info and /model_info
+        info = runtime.server.sglang.info  # the SGLang kind's cache of /server_info and /model_info
         ask = info.model_identity
 
         def model_identity(upstream: str):

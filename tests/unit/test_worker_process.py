@@ -6,17 +6,14 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from helpers.paths import TOKENIZER
 from kombu.asynchronous import Hub
 
 from genfleet.common.tokenizer import BackgroundTokenizer, TokenizerNotFoundError
 from genfleet.workers.errors import ShutdownRequested
 from genfleet.workers.lifecycle import wake_on_signals
-
-REPO = Path(__file__).resolve().parents[2]
-TOKENIZER = REPO / "genfleet" / "sim" / "model"
 
 TIMER_S = 30.0  # the only timer: without the wake, the poll waits for it (kombu caps a poll at 2 s)
 

@@ -380,6 +380,9 @@ def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict])
     return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
 
 
+# What a decoder shows for bytes that are not (yet) a whole UTF-8 character.
+REPLACEMENT = "\ufffd"
+
 # Tokens that end a turn or a sequence; they carry no text of the model's.
 TURN_END_TOKENS = ("<|im_end|>", "[EOS]", "[EOT]", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",
                    "<｜end▁of▁sentence｜>", "<|return|>", "</s>")
@@ -431,6 +434,13 @@ class CompletionSplitter:
                 if cut and not self.skip_special_tokens:
                     return shown
                 return text if not self.skip_special_tokens else self._kept(surface, matched)
+            if generation.finish == "length" and shown.startswith(text) and not shown[len(text):].strip(REPLACEMENT):
+                # The cap cut a character's bytes short: vLLM leaves what it cannot show yet out of its
+                # text, and ends there (0.32.0 `v1/engine/detokenizer.py` `FastIncrementalDetokenizer`:
+                # tokenizers' DecodeStream yields text only for whole characters;
+                # `tokenizers/detokenizer_utils.py` holds back a text that ends in U+FFFD). Its
+                # record is its text; a continuation decodes the joined ids whole.
+                return text if not self.skip_special_tokens else self._kept(surface, matched).rstrip(REPLACEMENT)
         raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
                              f"({len(text)} characters; {_first_difference(shown, text)})")
 

@@ -114,6 +114,9 @@ class ServerDescription:
     incremental: bool | None = None  # streams deltas (True) or the whole output so far (False)
     stream_interval: int | None = None
     context_length: int | None = None
+    kind: str | None = None  # "sglang" or "vllm" (servers/kinds.py)
+    version: str | None = None
+    load_source: str | None = None  # the page its load is read from
 
 
 class LoadProblem(enum.Enum):

