@@ -88,11 +88,13 @@ test-sglang: install redis-server sglang-venv
 # torch 2.13.0), a tiny random Qwen3 model made by the tests, vLLM's own non-streamed output the
 # oracle. vLLM lives in a venv of its own outside the clone (~/.cache/genfleet/vllm-<hash of its
 # lock>), built once by tests/vllm_real/venv.sh: ~3.5 GB, ~2 min cold; reused by every later clone.
+# Its mixed-fleet test also starts the SGLang tier's server, so the SGLang venv is built too.
 vllm-venv:
 	@tests/vllm_real/venv.sh >/dev/null
 
-test-vllm: install redis-server vllm-venv
-	GENFLEET_VLLM_VENV="$$(tests/vllm_real/venv.sh)" $(PY) -m pytest tests/vllm_real
+test-vllm: install redis-server sglang-venv vllm-venv
+	GENFLEET_SGLANG_VENV="$$(tests/sglang_real/venv.sh)" GENFLEET_VLLM_VENV="$$(tests/vllm_real/venv.sh)" \
+	  $(PY) -m pytest tests/vllm_real
 
 # A seeded chaos soak of a whole fleet (tests/soak/soak.py), judged from the outside: records, export,
 # the simulators' own count of generations, `status`. Replay one with SOAK_ARGS="--seed 3 --minutes 8";
