@@ -207,6 +207,10 @@ class Job:
             self.parser_source = "the run's, as enqueued"
             return env
         parser = description.reasoning_parser if description else None
+        if description is not None and description.kind == "vllm" and not parser:
+            self.console.print(f"[yellow]note:[/] vLLM does not say which reasoning parser it runs: splitting with "
+                               f"{self.settings.reasoning_parser!r} (set GENFLEET_REASONING_PARSER to the one "
+                               "vLLM was given)", soft_wrap=True)
         if parser:
             try:
                 get_format(parser)

@@ -1,5 +1,5 @@
-"""SGLang 0.5.23's own server as a test fixture: `serve.py` run by the tier's SGLang venv on a free
-loopback port, its forward pass replaced by the plan, healthy on return.
+"""SGLang 0.5.23's own server as a test fixture (helpers/server_process.py): `serve.py` run by the
+tier's SGLang venv, its forward pass replaced by the plan, healthy on return.
 
 The CPU engine's settings (SGLANG_USE_CPU_ENGINE=1, `--device cpu --load-format dummy
 --attention-backend torch_native --disable-cuda-graph`) are fixed here; a test adds the flags it is
@@ -10,18 +10,15 @@ machine has two.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
-from helpers.sim_process import free_port
-from helpers.waits import WaitTimeout, wait_until
+from helpers.server_process import ServerProcess
+from helpers.waits import wait_until
 
 HERE = Path(__file__).resolve().parent
-STARTUP_TIMEOUT_S = 600.0  # 30-45 s alone; ~200 s seen with several starting on a busy 2-core machine
 CPU_ENGINE = ("--device", "cpu", "--load-format", "dummy", "--attention-backend", "torch_native",
               "--disable-cuda-graph", "--sleep-on-idle")
 # KV for 65,536 tokens (SGLang would otherwise size it from free memory: 15 GB here).
@@ -36,78 +33,29 @@ def sglang_venv() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-class RealServer:
-    """One SGLang server process tree (HTTP + scheduler + detokenizer), in its own session so it
-    can be killed whole."""
+class RealServer(ServerProcess):
+    """One SGLang server process tree (HTTP + scheduler + detokenizer)."""
 
     def __init__(self, venv: Path, model_dir: Path, *flags: str, name: str = "sglang",
                  env: dict[str, str] | None = None) -> None:
+        super().__init__(name)
         self.venv = venv
         self.extra_env = env or {}
         self.model_dir = model_dir
         self.flags = list(flags)
-        self.name = name
-        self.port = 0
-        self._dir = Path(tempfile.mkdtemp(prefix=f"genfleet-{name}-"))
-        self.log_path = self._dir / "server.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        return [str(self.venv / "bin" / "python"), str(HERE / "serve.py"), "--model-path", str(self.model_dir),
+                "--host", "127.0.0.1", "--port", str(self.port), *CPU_ENGINE, *DEFAULT_FLAGS, *self.flags]
 
-    def spawn(self, *, same_port: bool = False) -> RealServer:
-        """Starts the server; `same_port`: where it ran before (a host that comes back)."""
-        self.port = self.port if same_port and self.port else free_port()
-        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE / "stand_ins")]),
-               # One OpenMP thread each: several servers and the fleet share two cores.
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.extra_env}
-        command = [str(self.venv / "bin" / "python"), str(HERE / "serve.py"), "--model-path", str(self.model_dir),
-                   "--host", "127.0.0.1", "--port", str(self.port), *CPU_ENGINE, *DEFAULT_FLAGS, *self.flags]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
-        return self
+    def environment(self) -> dict[str, str]:
+        return {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE / "stand_ins")]),
+                # One OpenMP thread each: several servers and the fleet share two cores.
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.extra_env}
 
-    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> RealServer:
-        def healthy() -> bool:
-            if not self.alive:
-                raise RuntimeError(f"{self.name} exited during startup:\n{self.log_tail()}")
-            # 200 only once SGLang's own warm-up generation has run (0.5.23 `/health` is 503 before).
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-
-        try:
-            wait_until(healthy, timeout, 0.5, f"{self.name} not healthy", ignore=(httpx.TransportError,))
-        except WaitTimeout:
-            self.kill()
-            raise RuntimeError(f"{self.name} not healthy after {timeout:g}s:\n{self.log_tail()}") from None
-        return self
-
-    def start(self) -> RealServer:
-        return self.spawn().wait_healthy()
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL to the whole tree: the host vanishes mid-flight."""
-        if self.process is not None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+    def ready(self) -> bool:
+        # 200 only once SGLang's own warm-up generation has run (0.5.23 `/health` is 503 before).
+        return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
 
     def get(self, path: str) -> Any:
         return httpx.get(f"{self.url}{path}", timeout=10).raise_for_status().json()
@@ -122,9 +70,3 @@ class RealServer:
         until the scheduler is idle."""
         wait_until(lambda: httpx.post(f"{self.url}/flush_cache", timeout=10).status_code == 200, timeout, 0.2,
                    f"{self.name} did not flush its cache", ignore=(httpx.TransportError,))
-
-    def log_tail(self, chars: int = 5000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            return ""

@@ -65,11 +65,11 @@ from genfleet.workers.servers.sglang_info import LOADS_PATH, ServerInfo
 from genfleet.workers.servers.streaming import (
     RETRYABLE_4XX,
     ChatStreamAssembler,
+    Connections,
     error_from_chunk,
     loop_of,
     read_stream,
 )
-from genfleet.workers.servers.transport import StreamConnections
 
 log = logging.getLogger(__name__)
 
@@ -211,24 +211,14 @@ class SglangServer:
     load_source = LOADS_PATH
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
-        # httpx defaults (100 connections, 5 s timeouts) would starve 150 streams and kill a quiet
-        # reasoning phase: size the pool above the in-flight cap, read timeout = stall timeout.
-        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0)
-        # One TLS context for every client below: building one reads the CA bundle (~50 ms).
-        self._tls = httpx.create_ssl_context()
-        # Short requests (the pages, /abort_request, /health) share one pool.
-        self.http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=self._timeout, verify=self._tls,
-        )
+        self.connections = Connections.open(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                                            stall_timeout_s=stall_timeout_s)
+        self.http, self.streams = self.connections.http, self.connections.streams
         self.stall_timeout_s = stall_timeout_s
         self.info = ServerInfo(self.http)
-        self.streams = StreamConnections(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s,
-                                         tls=self._tls)
 
     def close(self) -> None:
-        self.http.close()
-        self.streams.close()
+        self.connections.close()
 
     def interrupt_streams(self) -> None:
         """Wake every thread blocked reading a stream (a long prefill, a silent server); each
@@ -248,7 +238,7 @@ class SglangServer:
         return self.info.read_load(upstream, timeout_s=5.0)
 
     def health(self, upstream: str, timeout_s: float) -> Health:
-        return self.info.health(upstream, timeout_s)
+        return self.connections.health(upstream, timeout_s)
 
     def generate(self, upstream: str, request: GenerationRequest, *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:

@@ -1,5 +1,5 @@
-"""What an SGLang server says about itself: its settings (`/server_info`), its model (`/model_info`),
-its load (`/v1/loads`) and its health (`/health`), read into the seam's terms (`api.py`).
+"""What an SGLang server says about itself: its settings (`/server_info`), its model (`/model_info`)
+and its load (`/v1/loads`), read into the seam's terms (`api.py`).
 
 SGLang 0.5.23 `utils/common.py::build_server_info` returns `server_args.resolved_dict()` flat, so
 `incremental_streaming_output`, `stream_interval`, `reasoning_parser`, `context_length` and
@@ -31,7 +31,6 @@ import httpx
 from genfleet.common.fleet_stats import ServerLoad
 from genfleet.workers.servers.api import (
     UNKNOWN_MODEL,
-    Health,
     LoadProblem,
     LoadReading,
     ModelIdentity,
@@ -39,7 +38,6 @@ from genfleet.workers.servers.api import (
 )
 
 LOADS_PATH = "/v1/loads"
-HEALTH_PATH = "/health"
 
 
 @dataclass(frozen=True)
@@ -196,15 +194,6 @@ class ServerInfo:
             return LoadReading(load_from_loads(response.json()))
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{LOADS_PATH} unreadable: {error}")
-
-    def health(self, upstream: str, timeout_s: float) -> Health:
-        try:
-            response = self.http.get(f"{upstream}{HEALTH_PATH}", timeout=timeout_s)
-        except httpx.HTTPError as error:
-            return Health(ready=False, reachable=False, detail=f"unreachable: {str(error) or type(error).__name__}")
-        if response.status_code != 200:
-            return Health(ready=False, reachable=True, detail=f"GET {HEALTH_PATH} answered {response.status_code}")
-        return Health(ready=True, reachable=True)
 
 
 def _is_int(value: Any) -> bool:

@@ -1,7 +1,9 @@
-"""What every server kind's streams share: reading a `text/event-stream` of JSON chunks into a
-kind's assembler over `transport.py`'s kept connections, the transport's and HTTP's ways of failing
-mapped once into genfleet's typed errors (`workers/errors.py`), and the OpenAI chat stream, which
-SGLang and vLLM both serve. A kind's own wire (bodies, native streams, pages) stays in its module.
+"""What every server kind shares on the wire: its two ways to a host (`Connections`: kept
+connections for the streams, an httpx client for the short requests, `/health`), reading a
+`text/event-stream` of JSON chunks into a kind's assembler, the transport's and HTTP's ways of
+failing mapped once into genfleet's typed errors (`workers/errors.py`), and the OpenAI chat stream,
+which SGLang and vLLM both serve. A kind's own wire (bodies, native streams, pages) stays in its
+module.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import httpx
 
 from genfleet.workers.errors import (
     DeadlineExceeded,
@@ -26,7 +30,49 @@ from genfleet.workers.errors import (
     UpstreamAborted,
 )
 from genfleet.workers.generation.loop_guard import StreamWatch
+from genfleet.workers.servers.api import Health
 from genfleet.workers.servers.transport import StreamConnections, data_payloads
+
+# Both kinds answer it: 200 once the server can generate (SGLang 0.5.23 answers 503 before its
+# warm-up; vLLM 0.32.0 `entrypoints/serve/instrumentator/health.py`).
+HEALTH_PATH = "/health"
+
+
+@dataclass
+class Connections:
+    """A server kind's two ways to its hosts, sized above the in-flight cap: `streams`
+    (`transport.py`'s kept HTTP/1.1 connections) and `http` (httpx, for the pages, health and
+    abort requests). httpx's defaults (100 connections, 5 s timeouts) would starve 150 streams and
+    kill a quiet reasoning phase: the read timeout is the stall timeout."""
+
+    http: httpx.Client
+    streams: StreamConnections
+    stall_timeout_s: float
+
+    @classmethod
+    def open(cls, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> Connections:
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0)
+        # One TLS context for both: building one reads the CA bundle (~50 ms).
+        tls = httpx.create_ssl_context()
+        http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=timeout, verify=tls,
+        )
+        streams = StreamConnections(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s, tls=tls)
+        return cls(http, streams, stall_timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+        self.streams.close()
+
+    def health(self, upstream: str, timeout_s: float) -> Health:
+        try:
+            response = self.http.get(f"{upstream}{HEALTH_PATH}", timeout=timeout_s)
+        except httpx.HTTPError as error:
+            return Health(ready=False, reachable=False, detail=f"unreachable: {str(error) or type(error).__name__}")
+        if response.status_code != 200:
+            return Health(ready=False, reachable=True, detail=f"GET {HEALTH_PATH} answered {response.status_code}")
+        return Health(ready=True, reachable=True)
 
 # 408 and 429 are "try later"; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = {408, 429}

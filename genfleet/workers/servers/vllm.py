@@ -49,18 +49,17 @@ from genfleet.workers.servers.api import (
 )
 from genfleet.workers.servers.streaming import (
     ChatStreamAssembler,
+    Connections,
     error_from_chunk,
     loop_of,
     read_stream,
 )
-from genfleet.workers.servers.transport import StreamConnections
 
 log = logging.getLogger(__name__)
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 METRICS_PATH = "/metrics"
-HEALTH_PATH = "/health"
 VERSION_PATH = "/version"
 MODELS_PATH = "/v1/models"
 
@@ -185,21 +184,15 @@ class VllmServer:
     load_source = METRICS_PATH
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
-        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s, write=30.0, pool=60.0)
-        self._tls = httpx.create_ssl_context()
-        self.http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=self._timeout, verify=self._tls,
-        )
+        self.connections = Connections.open(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                                            stall_timeout_s=stall_timeout_s)
+        self.http, self.streams = self.connections.http, self.connections.streams
         self.stall_timeout_s = stall_timeout_s
-        self.streams = StreamConnections(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s,
-                                         tls=self._tls)
         self._cards: dict[str, dict[str, Any]] = {}  # each upstream's first `/v1/models` card
         self._asking = threading.Lock()
 
     def close(self) -> None:
-        self.http.close()
-        self.streams.close()
+        self.connections.close()
 
     def interrupt_streams(self) -> None:
         self.streams.interrupt()
@@ -266,13 +259,7 @@ class VllmServer:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{METRICS_PATH} unreadable: {error}")
 
     def health(self, upstream: str, timeout_s: float) -> Health:
-        try:
-            response = self.http.get(f"{upstream}{HEALTH_PATH}", timeout=timeout_s)
-        except httpx.HTTPError as error:
-            return Health(ready=False, reachable=False, detail=f"unreachable: {str(error) or type(error).__name__}")
-        if response.status_code != 200:
-            return Health(ready=False, reachable=True, detail=f"GET {HEALTH_PATH} answered {response.status_code}")
-        return Health(ready=True, reachable=True)
+        return self.connections.health(upstream, timeout_s)
 
     def abort(self, upstream: str, request_id: str) -> None:
         """Nothing to send: the closed stream aborted the request (module docstring)."""
