@@ -273,6 +273,14 @@ class Channel(kombu_redis.Channel):
     def close(self) -> None:
         if self.transit_key is not None:
             forget_transit(self.transit_key)
+        if self._pending == "BLMOVE" and self._in_poll:
+            # kombu's close reads a pending pop to its end (kombu 5.7.0 `transport/redis.py`
+            # `Channel.close`): a warm shutdown of an idle worker would wait out the BLMOVE's
+            # timeout. Its connection is dropped instead, which ends the BLMOVE in Redis; a message
+            # it moved in that instant stays on this channel's transit list, which is no longer
+            # renewed, and the reaper puts it back on its queue once it lapses.
+            self._in_poll, self._pending = None, None  # type: ignore[assignment]  # kombu types it by its False default
+            self.client.connection.disconnect()  # the connection the BLMOVE was sent on (`_brpop_start`)
         super().close()
 
     @property

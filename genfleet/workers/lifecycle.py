@@ -40,13 +40,6 @@ from genfleet.workers import runtime as runtime_module
 from genfleet.workers import tasks, telemetry
 from genfleet.workers.runtime import WorkerRuntime
 
-# How long a worker's BLMOVE waits on an empty queue: kombu's Redis transport takes it from the
-# `polling_interval` option (its `brpop_timeout`, default 1 s: kombu 5.7.0 `transport/redis.py`). A
-# warm shutdown first reads the pending one to its end (`Channel.close`), so every stop waited up
-# to a second for it; 0.25 s makes that an eighth of a second on average, for four cheap commands a
-# second while the worker idles.
-IDLE_FETCH_WAIT_S = 0.25
-
 
 def create_app(settings: Settings) -> Celery:
     # kombu's Redis transport, changed where it would lose or re-run a prompt (workers/broker.py).
@@ -107,9 +100,6 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
         log.warning("GENFLEET_TOKENIZER is not set: prompts enqueued with --first-max-new-tokens ask their full "
                     "cap at once on this worker (a staged cut is continued exactly only with the tokenizer)")
     app = create_app(settings)
-    # Only the worker's: elsewhere (Flower's event receiver) the option is a sleep between empty
-    # polls (kombu 5.7.0 `transport/virtual/base.py` `Transport.drain_events`).
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "polling_interval": IDLE_FETCH_WAIT_S}
     tasks.register(app, runtime)
     connect_signals(runtime)
     # `start`, not `worker_main`, which drops the exit status (celery 5.7.0 `app/base.py`).

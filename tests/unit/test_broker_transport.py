@@ -192,3 +192,17 @@ def test_the_reaper_judges_no_lease_within_a_lease_of_a_redis_restart(redis_clie
     monkeypatch.setattr(redis_client, "info", lambda *_a, **_k: {"uptime_in_seconds": 6})
     redis_client.delete(REAPER_LOCK)  # the next interval's pass
     assert reaper.reap_once() == ["t"]
+
+
+def test_closing_a_channel_does_not_wait_out_its_pending_blmove(redis_client, redis_url):
+    """An idle worker's stop: kombu's close would read the pending BLMOVE to its end (here 30 s);
+    genfleet's drops its connection, and a message queued afterwards is still there for the next."""
+    with consumer(redis_url, **{**GENFLEET, "transport_options": {"priority_steps": [0], "polling_interval": 30}}) \
+            as (connection, _received):
+        drain(connection)  # ends with the BLMOVE an idle worker's event loop leaves pending
+        assert connection.default_channel._pending == "BLMOVE"
+        started = time.monotonic()
+        connection.close()
+        assert time.monotonic() - started < 10
+    tag = queue_message(redis_client)
+    assert redis_client.llen(SHORT) == 1 and tag  # nothing took it: the dropped BLMOVE ended in Redis
