@@ -2,9 +2,10 @@
 about itself, and the interface every server kind implements (`ServerApi`).
 
 Nothing here names an endpoint or a field of a server's answers: each kind maps its wire into these
-types once, at its own boundary (`sglang.py`), the way httpx maps its transport's exceptions at
+types once, at its own boundary (`sglang.py`, `vllm.py`), the way httpx maps its transport's exceptions at
 one place (`httpx/_transports/default.py`). The worker's modules use a server through these
-terms; only the runtime (and `doctor`) build a kind, and the URL checks read `transport.py`.
+terms; only the runtime, `genfleet run` and `doctor` build one (`kinds.AnyServer`), and the URL
+checks read `transport.py`.
 """
 from __future__ import annotations
 
