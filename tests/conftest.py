@@ -19,6 +19,14 @@ from helpers.paths import TOKENIZER  # noqa: E402
 from helpers.redis_server import RedisServer  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A real-server test that SIGKILLs a server runs last: nothing after it shares what it broke.
+    items.sort(key=lambda item: item.get_closest_marker("kills_a_server") is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kills_a_server: starts and SIGKILLs servers of its own; runs last")
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
     # AOF on, as genfleet requires (or workers warn and `status` alarms); never fsynced: a test needs no durability.

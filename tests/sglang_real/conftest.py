@@ -24,15 +24,6 @@ from plan import PlanVocab  # noqa: E402
 from server import RealServer, sglang_venv  # noqa: E402
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A test that SIGKILLs a server runs last: nothing after it shares what it broke.
-    items.sort(key=lambda item: item.get_closest_marker("kills_a_server") is not None)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "kills_a_server: starts and SIGKILLs servers of its own; runs last")
-
-
 @pytest.fixture(scope="session")
 def venv() -> Path:
     return sglang_venv()

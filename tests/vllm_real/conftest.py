@@ -16,14 +16,6 @@ sys.path.insert(0, str(HERE))
 from server import VllmProcess, build_model, vllm_venv  # noqa: E402
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("kills_a_server") is not None)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "kills_a_server: starts and SIGKILLs servers of its own; runs last")
-
-
 @pytest.fixture(scope="session")
 def venv() -> Path:
     return vllm_venv()

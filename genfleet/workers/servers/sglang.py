@@ -56,7 +56,6 @@ from genfleet.workers.generation.loop_guard import StreamWatch
 from genfleet.workers.servers.api import (
     Generation,
     GenerationRequest,
-    Health,
     LoadReading,
     ModelIdentity,
     ServerDescription,
@@ -65,7 +64,7 @@ from genfleet.workers.servers.sglang_info import LOADS_PATH, ServerInfo
 from genfleet.workers.servers.streaming import (
     RETRYABLE_4XX,
     ChatStreamAssembler,
-    Connections,
+    HttpServerKind,
     error_from_chunk,
     loop_of,
     read_stream,
@@ -205,25 +204,15 @@ class StreamAssembler:
         return f"stream integrity: {problem} at chunk {self.chunks} ({mode}{said})"
 
 
-class SglangServer:
+class SglangServer(HttpServerKind):
     """SGLang's server kind (`api.ServerApi`)."""
 
     load_source = LOADS_PATH
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
-        self.connections = Connections.open(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
-                                            stall_timeout_s=stall_timeout_s)
-        self.http, self.streams = self.connections.http, self.connections.streams
-        self.stall_timeout_s = stall_timeout_s
+        super().__init__(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                         stall_timeout_s=stall_timeout_s)
         self.info = ServerInfo(self.http)
-
-    def close(self) -> None:
-        self.connections.close()
-
-    def interrupt_streams(self) -> None:
-        """Wake every thread blocked reading a stream (a long prefill, a silent server); each
-        stream then ends with a transport error, which the caller reads as its shutdown."""
-        self.streams.interrupt()
 
     def forget(self, upstream: str) -> None:
         self.info.forget(upstream)
@@ -237,8 +226,6 @@ class SglangServer:
     def read_load(self, upstream: str) -> LoadReading:
         return self.info.read_load(upstream, timeout_s=5.0)
 
-    def health(self, upstream: str, timeout_s: float) -> Health:
-        return self.connections.health(upstream, timeout_s)
 
     def generate(self, upstream: str, request: GenerationRequest, *, deadline: float,
                  should_stop: Callable[[], bool] = lambda: False, watch: StreamWatch | None = None) -> Generation:

@@ -139,6 +139,28 @@ def transport_errors(url: str, stall_timeout_s: float,
             raise StreamStalled(f"no data from {url} for {stall_timeout_s:g} s") from None
         raise TransientError(f"transport error from {url}: {type(error).__name__}: {error}") from None
 
+class HttpServerKind:
+    """What every server kind's class starts from: its `Connections` (the streams, the short
+    requests), closing them, waking the threads blocked on a stream, and `/health`."""
+
+    def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
+        self.connections = Connections.open(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                                            stall_timeout_s=stall_timeout_s)
+        self.http, self.streams = self.connections.http, self.connections.streams
+        self.stall_timeout_s = stall_timeout_s
+
+    def close(self) -> None:
+        self.connections.close()
+
+    def interrupt_streams(self) -> None:
+        """Wake every thread blocked reading a stream (a long prefill, a silent server); each
+        stream then ends with a transport error, which the caller reads as its shutdown."""
+        self.streams.interrupt()
+
+    def health(self, upstream: str, timeout_s: float) -> Health:
+        return self.connections.health(upstream, timeout_s)
+
+
 # OpenAI finish reasons, mapped to SGLang's native finish types used in records.
 FINISH_TYPES = {"stop": "stop", "tool_calls": "stop", "function_call": "stop", "length": "length",
                 "abort": "abort", "content_filter": "abort"}

@@ -41,7 +41,6 @@ from genfleet.workers.generation.loop_guard import StreamWatch
 from genfleet.workers.servers.api import (
     Generation,
     GenerationRequest,
-    Health,
     LoadProblem,
     LoadReading,
     ModelIdentity,
@@ -49,7 +48,7 @@ from genfleet.workers.servers.api import (
 )
 from genfleet.workers.servers.streaming import (
     ChatStreamAssembler,
-    Connections,
+    HttpServerKind,
     error_from_chunk,
     loop_of,
     read_stream,
@@ -178,24 +177,16 @@ def load_from_metrics(page: str) -> ServerLoad:
                       gen_throughput=0.0)
 
 
-class VllmServer:
+class VllmServer(HttpServerKind):
     """vLLM's server kind (`api.ServerApi`)."""
 
     load_source = METRICS_PATH
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float, stall_timeout_s: float) -> None:
-        self.connections = Connections.open(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
-                                            stall_timeout_s=stall_timeout_s)
-        self.http, self.streams = self.connections.http, self.connections.streams
-        self.stall_timeout_s = stall_timeout_s
+        super().__init__(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                         stall_timeout_s=stall_timeout_s)
         self._cards: dict[str, dict[str, Any]] = {}  # each upstream's first `/v1/models` card
         self._asking = threading.Lock()
-
-    def close(self) -> None:
-        self.connections.close()
-
-    def interrupt_streams(self) -> None:
-        self.streams.interrupt()
 
     def forget(self, upstream: str) -> None:
         self._cards.pop(upstream, None)
@@ -258,8 +249,6 @@ class VllmServer:
         except (httpx.HTTPError, ValueError) as error:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{METRICS_PATH} unreadable: {error}")
 
-    def health(self, upstream: str, timeout_s: float) -> Health:
-        return self.connections.health(upstream, timeout_s)
 
     def abort(self, upstream: str, request_id: str) -> None:
         """Nothing to send: the closed stream aborted the request (module docstring)."""
