@@ -72,6 +72,11 @@ class BackgroundTokenizer:
         finally:
             self._loaded.set()
 
+    @property
+    def failed(self) -> bool:
+        """The load ended without a tokenizer."""
+        return self._loaded.is_set() and self._error is not None
+
     def get(self) -> Any:
         """The tokenizer, once loaded."""
         self._loaded.wait()

@@ -36,7 +36,7 @@ from celery.signals import (
 
 from genfleet.common.queues import QUEUES, SERIALIZATION, SHORT
 from genfleet.common.settings import Settings
-from genfleet.workers import runtime as runtime_module
+from genfleet.common.tokenizer import BackgroundTokenizer
 from genfleet.workers import tasks, telemetry
 from genfleet.workers.runtime import WorkerRuntime
 
@@ -108,7 +108,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
         f"--hostname={settings.pool}-{os.getpid()}@%h", "--task-events",
         "--without-gossip", "--without-mingle", f"--loglevel={loglevel}",
     ])
-    if runtime_module.stopped_for_a_fault:
+    if isinstance(runtime.tokenizer, BackgroundTokenizer) and runtime.tokenizer.failed:
         status = 1
     exit_at_once(status if isinstance(status, int) else 0)
 

@@ -141,13 +141,8 @@ class WorkerRuntime:
 
 def stop_this_worker(_error: BaseException) -> None:
     """A worker whose tokenizer did not load stops (a warm shutdown: what runs gives its message
-    back) and exits 1, its log saying why."""
-    global stopped_for_a_fault
-    stopped_for_a_fault = True
+    back) and exits 1 (`lifecycle.run_worker` reads `BackgroundTokenizer.failed`), its log saying why."""
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-stopped_for_a_fault = False
 
 
 def per_upstream_cap(settings: Settings) -> int:

@@ -71,4 +71,4 @@ def test_a_tokenizer_that_fails_to_load_stops_the_worker_and_gives_prompts_back(
     tokenizer = BackgroundTokenizer(tmp_path, on_failure=failures.append, unavailable=ShutdownRequested)
     with pytest.raises(ShutdownRequested, match="did not load"):
         tokenizer.decode([1, 2])
-    assert len(failures) == 1
+    assert len(failures) == 1 and tokenizer.failed
