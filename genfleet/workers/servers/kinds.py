@@ -2,11 +2,13 @@
 upstream's calls to its kind: one worker can stream from SGLang and vLLM hosts at once, and the
 user gives only URLs.
 
-An upstream is SGLang if it answers `/server_info` (or the older `/get_server_info`: sglang 0.5.23
-`entrypoints/http_server.py`; the simulator speaks SGLang's wire), vLLM if it answers `/version`
-with a version (vllm 0.32.0 `entrypoints/serve/instrumentator/basic.py`; vLLM has no
-`/server_info`). The answer is kept until the host comes back from an outage (`forget`: it may
-have been replaced); an upstream that does not answer yet is treated as SGLang, and asked again.
+An upstream is vLLM if it answers `/version` with a version (vllm 0.32.0
+`entrypoints/serve/instrumentator/basic.py`), else SGLang (0.5.23 `entrypoints/http_server.py` has
+no `/version`; the simulator speaks SGLang's wire). `/server_info` does not tell them apart: a vLLM
+started with `VLLM_SERVER_DEV_MODE=1` serves one too (`entrypoints/serve/dev/server_info/
+api_router.py`), and asked first it sent such a server SGLang's `/generate`. The answer is kept
+until the host comes back from an outage (`forget`: it may have been replaced); an upstream that
+does not answer yet is treated as SGLang, and asked again.
 """
 from __future__ import annotations
 
@@ -35,9 +37,6 @@ KINDS = (SGLANG, VLLM)
 def probe_kind(http: httpx.Client, upstream: str, timeout_s: float = 5.0) -> str | None:
     """"sglang", "vllm", or None when the upstream does not answer (ask again later)."""
     try:
-        for path in ("/server_info", "/get_server_info"):
-            if http.get(f"{upstream}{path}", timeout=timeout_s).status_code == 200:
-                return SGLANG
         response = http.get(f"{upstream}/version", timeout=timeout_s)
     except httpx.HTTPError:
         return None
