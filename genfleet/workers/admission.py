@@ -1,4 +1,4 @@
-"""`--in-flight auto`: each SGLang host's open streams follow the host's own load.
+"""`--in-flight auto`: each host's open streams follow the host's own load.
 
 A fixed in-flight count is a guess about the server. SGLang queues what it cannot admit instead of
 refusing it (its waiting queue, `managers/scheduler.py`), so a count above what its KV cache admits
@@ -8,7 +8,9 @@ decode batch, and tok/s, unused. The server reports both sides: `/v1/loads` (0.5
 gives per data-parallel rank `num_running_reqs`, `num_waiting_reqs`, `token_usage` (KV in use ÷
 capacity), `gen_throughput` (decode tok/s over its last log interval), `max_total_num_tokens` and
 `queues.retracted` (requests retracted at the last retraction: the KV ran out mid-decode, and
-their decoded tokens are computed again).
+their decoded tokens are computed again). vLLM's `/metrics` gives the same, read into the same
+`ServerLoad` (workers/servers/vllm.py `LoadMeter`: its counters of preemptions and generated tokens
+become those since the reading before, and a tok/s over the time between).
 
 The rule, per host, every `admission_interval_s`:
 - retractions: the KV cache ran out; lower the target to four fifths of this worker's streams.

@@ -134,14 +134,15 @@ class FleetCollector(Collector):
                                 "Messages delivered to workers and not yet acknowledged (all runs)", value=unacked)
 
 
-# The host's own load (SGLang's /v1/loads), as the worker last read it: one family per field.
+# The host's own load (SGLang's /v1/loads, vLLM's /metrics: workers/servers/), as the worker last
+# read it: one family per field.
 _LOAD_GAUGES = (
-    ("genfleet_upstream_running_requests", "Requests the SGLang server is running (all its clients)", "running"),
-    ("genfleet_upstream_waiting_requests", "Requests waiting in the SGLang server's queue", "waiting"),
-    ("genfleet_upstream_token_usage", "Share of the SGLang server's KV cache in use", "token_usage"),
-    ("genfleet_upstream_retracted_requests", "Requests the SGLang server retracted at its last retraction",
-     "retracted"),
-    ("genfleet_upstream_gen_throughput", "The SGLang server's decode tokens/s", "gen_throughput"),
+    ("genfleet_upstream_running_requests", "Requests the server is running (all its clients)", "running"),
+    ("genfleet_upstream_waiting_requests", "Requests waiting in the server's queue", "waiting"),
+    ("genfleet_upstream_token_usage", "Share of the server's KV cache in use", "token_usage"),
+    ("genfleet_upstream_retracted_requests", "Requests the server retracted (SGLang: at its last retraction; "
+     "vLLM: preempted since the reading before)", "retracted"),
+    ("genfleet_upstream_gen_throughput", "The server's decode tokens/s", "gen_throughput"),
 )
 
 

