@@ -192,3 +192,20 @@ def test_a_cap_that_cuts_a_character_short_keeps_the_servers_text():
     cut.finish = "stop"
     with pytest.raises(IntegrityError):
         splitter.checked_text(cut)
+
+
+def test_a_stop_token_after_part_of_a_character_keeps_the_servers_text():
+    """A stop token (here one of generation_config's `eos_token_id` list, an ordinary word) right
+    after a character's first bytes: vLLM's text leaves both out. Found by the bench's model, whose
+    stop ids are words: 14 of 450 prompts were retried to the dead letters as integrity failures."""
+    splitter = CompletionSplitter("qwen3", load_tokenizer(TOKENIZER))
+    ids = splitter.tokenizer("ab 中", add_special_tokens=False)["input_ids"][:-1]
+    stop = splitter.tokenizer("out", add_special_tokens=False)["input_ids"][-1]
+    text = splitter.tokenizer.decode(ids).rstrip("\ufffd")
+    ended = Generation(finish="stop", matched_stop=stop, prompt_tokens=1, completion_tokens=len(ids) + 1,
+                       reasoning_tokens=0, cached_tokens=0, first_token_s=None, duration_s=0.0, text=text,
+                       output_ids=[*ids, stop])
+    assert splitter.checked_text(ended) == text
+    ended.text = text[:-1]  # a character more missing is not a character cut short
+    with pytest.raises(IntegrityError):
+        splitter.checked_text(ended)

@@ -434,12 +434,14 @@ class CompletionSplitter:
                 if cut and not self.skip_special_tokens:
                     return shown
                 return text if not self.skip_special_tokens else self._kept(surface, matched)
-            if generation.finish == "length" and shown.startswith(text) and not shown[len(text):].strip(REPLACEMENT):
-                # The cap cut a character's bytes short: vLLM leaves what it cannot show yet out of its
-                # text, and ends there (0.32.0 `v1/engine/detokenizer.py` `FastIncrementalDetokenizer`:
-                # tokenizers' DecodeStream yields text only for whole characters;
-                # `tokenizers/detokenizer_utils.py` holds back a text that ends in U+FFFD). Its
-                # record is its text; a continuation decodes the joined ids whole.
+            # The stream ended inside a character: the cap, or a stop token, came after its first
+            # bytes. vLLM leaves what it cannot show yet out of its text, and ends there (0.32.0
+            # `v1/engine/detokenizer.py` `FastIncrementalDetokenizer`: tokenizers' DecodeStream yields
+            # text only for whole characters; `tokenizers/detokenizer_utils.py` holds back a text
+            # that ends in U+FFFD), the stop token's own text left out as well. Its record is its
+            # text; a continuation decodes the joined ids whole.
+            ended_inside = generation.finish == "length" or (generation.stop_token and len(surface) < len(ids))
+            if ended_inside and shown.startswith(text) and not shown[len(text):].strip(REPLACEMENT):
                 return text if not self.skip_special_tokens else self._kept(surface, matched).rstrip(REPLACEMENT)
         raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
                              f"({len(text)} characters; {_first_difference(shown, text)})")
