@@ -328,3 +328,37 @@ def admission_figures(real: dict, sim: dict) -> list[Figure]:
         Figure("Slowest new mode ÷ the defaults, either shape", [worst[2]], format_ratio,
                detail=f"{worst[1]} on the {worst[0]} server", target="≥ 0.95× (noise)", meets=lambda v: v >= 0.95),
     ]
+
+
+def vllm_server_figures(outcome: dict) -> list[Figure]:
+    """On vLLM 0.32.0's own server (bench/vllm_server.py, run once): genfleet against the script,
+    and `--in-flight auto` against a fixed 150 on two server shapes."""
+    figures = []
+    measured = outcome["measurements"]
+    if "throughput" in measured:
+        tp = measured["throughput"]
+        fleet, base = tp["genfleet"], tp["baseline"]
+        figures += [
+            Figure("Throughput on vLLM's own server, genfleet ÷ baseline", [tp["throughput_ratio"]], format_ratio,
+                   detail=f"{fleet['tokens_per_s']:,.0f} vs {base['tokens_per_s']:,.0f} tok/s, {fleet['records']:,} "
+                          f"prompts (CPU engine: client and server share 2 cores; `--max-num-seqs 256`); same tokens: "
+                          f"{'yes' if tp['same_tokens'] else 'no'}",
+                   target="≥ 1.0×", meets=lambda v: v >= 1.0, note=partial(target_notes.vllm_throughput_note, tp)),
+            Figure("Occupancy on vLLM's own server at steady state (its running count ÷ 150, from 10% to 70% of the "
+                   "tokens it generated)", [tp["occupancy"]], format_percent,
+                   detail=f"baseline {format_percent(tp['baseline_occupancy'])}; waiting "
+                          f"{fleet['mean_waiting']:.1f}; over the middle 80% of the wall time: "
+                          f"{format_percent(tp['wall_occupancy'])} vs {format_percent(tp['baseline_wall_occupancy'])}",
+                   target="≥ 99%", meets=lambda v: v >= 0.99, note=partial(target_notes.vllm_occupancy_note, tp)),
+        ]
+    for shape, measured_shape in (measured.get("admission") or {}).items():
+        fixed, auto = measured_shape["fixed 150"], measured_shape["auto"]
+        figures.append(Figure(
+            f"vLLM, {shape} (`--max-num-seqs {measured_shape['max_num_seqs']}`): tok/s, `--in-flight auto` "
+            "(ceiling 400) ÷ fixed 150", [measured_shape["tokens_ratio"]], format_ratio,
+            detail=f"{auto['tokens_per_s']:,.0f} vs {fixed['tokens_per_s']:,.0f} tok/s; running "
+                   f"{auto['steady_running']:.0f} vs {fixed['steady_running']:.0f}, waiting {auto['mean_waiting']:.0f} "
+                   f"vs {fixed['mean_waiting']:.0f}; preemptions {auto['server'].get('preemptions', 0)} vs "
+                   f"{fixed['server'].get('preemptions', 0)}; records identical {measured_shape['identical']:,} of "
+                   f"{measured_shape['records']:,}"))
+    return figures

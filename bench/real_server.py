@@ -148,19 +148,22 @@ class Hosts:
                     total[name] = total.get(name, 0) + value
         return total
 
-    def running(self) -> int:
+    def load(self) -> dict[str, float]:
+        """The hosts' running requests, summed."""
         if self.kind == "real":
-            return sum(httpx.get(f"{url}/v1/loads", timeout=5).json()["loads"][0]["num_running_reqs"]
-                       for url in self.urls)
-        return sum(httpx.get(f"{url}/sim/stats", timeout=5).json().get("running", 0) for url in self.urls)
+            return {"running": sum(httpx.get(f"{url}/v1/loads", timeout=5).json()["loads"][0]["num_running_reqs"]
+                                   for url in self.urls)}
+        return {"running": sum(httpx.get(f"{url}/sim/stats", timeout=5).json().get("running", 0)
+                               for url in self.urls)}
 
 
 class LoadSampler:
-    """The hosts' running count every 0.1 s, in a thread, while a side runs."""
+    """The hosts' load (`load()`: running requests, and waiting where the server says) every 0.1 s,
+    in a thread, while a side runs."""
 
-    def __init__(self, hosts: Hosts) -> None:
+    def __init__(self, hosts) -> None:  # Hosts, or anything with its `load()`
         self.hosts = hosts
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -175,16 +178,29 @@ class LoadSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.monotonic(), self.hosts.running()))
+                self.samples.append((time.monotonic(), self.hosts.load()))
             except (httpx.HTTPError, KeyError, ValueError):
                 pass
             self._stop.wait(0.1)
 
-    def mean_running(self, start: float, end: float) -> float:
-        """Over the middle 80% of [start, end]."""
+    def mean(self, name: str, start: float, end: float) -> float:
+        """`name`'s mean over the middle 80% of [start, end]."""
         lo, hi = start + 0.1 * (end - start), start + 0.9 * (end - start)
-        inside = [running for at, running in self.samples if lo <= at <= hi]
+        inside = [load.get(name, 0.0) for at, load in self.samples if lo <= at <= hi]
         return sum(inside) / len(inside) if inside else 0.0
+
+    def mean_in_progress(self, name: str, counter: str, lo: float = 0.1, hi: float = 0.7) -> float | None:
+        """`name`'s mean while `counter` (a count the hosts keep, such as the tokens they generated)
+        went from `lo` to `hi` of what it grew by over the samples: a side's steady state, its ramp
+        and its drain left out (with more prompts than slots, the queue still holds prompts at
+        `hi`). None where the hosts keep no such count."""
+        counts = [load[counter] for _, load in self.samples if counter in load]
+        if len(counts) < 2 or counts[-1] <= counts[0]:
+            return None
+        start, grown = counts[0], counts[-1] - counts[0]
+        inside = [load[name] for _, load in self.samples
+                  if counter in load and lo <= (load[counter] - start) / grown <= hi]
+        return sum(inside) / len(inside) if inside else None
 
 
 # -- one run of genfleet, one of the baseline ---------------------------------------------------------
@@ -208,17 +224,20 @@ def run_genfleet(procs: Processes, redis_url: str, hosts: Hosts, model: Path, ru
     procs.stop(worker)
     records = [json.loads(line) for shard in sorted(output.glob(f"{run}/*/*.jsonl*"))
                for line in shard.read_text().splitlines() if line]
-    return _side(records, ended - started, sampler.mean_running(started, ended), before, after)
+    return _side(records, ended - started, sampler, started, before, after)
 
 
-def run_baseline(procs: Processes, hosts: Hosts, model: Path, rows_path: Path, max_new_tokens: int) -> dict:
+def run_baseline(procs: Processes, hosts: Hosts, model: Path, rows_path: Path, max_new_tokens: int,
+                 *flags: str) -> dict:
+    """The script; `flags`: `--api completions` for vLLM's OpenAI server, say."""
     out = procs.dir / "baseline.jsonl"
     before = hosts.counters()
     with LoadSampler(hosts) as sampler:
         started = time.monotonic()
         child = procs.start("baseline", [sys.executable, str(BASELINE_SCRIPT), "--url", hosts.urls[0], "--tokenizer",
                                          str(model), "--prompts", str(rows_path), "--out", str(out),
-                                         "--concurrency", str(SLOTS), "--max-new-tokens", str(max_new_tokens)])
+                                         "--concurrency", str(SLOTS), "--max-new-tokens", str(max_new_tokens),
+                                         *flags])
         wait_for(lambda: child.process.poll() is not None, "baseline", None, None)
         ended = time.monotonic()
     if child.process.returncode != 0:
@@ -227,13 +246,16 @@ def run_baseline(procs: Processes, hosts: Hosts, model: Path, rows_path: Path, m
     records = [json.loads(line) for line in out.read_text().splitlines() if line]
     for record in records:
         record.setdefault("usage", {"completion_tokens": record["completion_tokens"]})
-    return _side(records, ended - started, sampler.mean_running(started, ended), before, after)
+    return _side(records, ended - started, sampler, started, before, after)
 
 
-def _side(records: list[dict], wall_s: float, mean_running: float, before: dict, after: dict) -> dict:
+def _side(records: list[dict], wall_s: float, sampler: LoadSampler, started: float, before: dict,
+          after: dict) -> dict:
     tokens = sum(r["usage"]["completion_tokens"] for r in records)
     return {"records": len(records), "wall_s": wall_s, "completion_tokens": tokens, "tokens_per_s": tokens / wall_s,
-            "mean_running": mean_running,
+            "mean_running": sampler.mean("running", started, started + wall_s),
+            "mean_waiting": sampler.mean("waiting", started, started + wall_s),
+            "steady_running": sampler.mean_in_progress("running", "generated"),
             "prompt_tokens": sum(r["usage"].get("prompt_tokens", 0) for r in records),
             "cached_tokens": sum(r["usage"].get("cached_tokens") or 0 for r in records),
             "server": {name: after.get(name, 0) - before.get(name, 0) for name in after},

@@ -21,6 +21,7 @@ from bench.figures import (
     shared_tail_figures,
     throughput_figures,
     useful_token_figures,
+    vllm_server_figures,
 )
 from bench.results import Results
 
@@ -32,6 +33,8 @@ def render(results: Results) -> str:
         lines += ["## What limits scaling on this machine", "", _scaling_limits(results), ""]
     if results.real_server:
         lines += _real_server_section(results)
+    if results.vllm_server:
+        lines += _vllm_server_section(results)
     lines += ["## How each figure is measured", ""] + _methods(results) + [""]
     tail = shared_tail.runs_table(results.shared_tail) if results.shared_tail else []
     lines += ["## Every run", ""] + _runs(results) + tail + [""]
@@ -61,7 +64,7 @@ def _heading(results: Results) -> list[str]:
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
     3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing, 9 shared tail, 10 on
-    SGLang's own server) so a number
+    SGLang's own server, 11 one box, 12 on vLLM's own server) so a number
     means the same figure in every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
@@ -85,6 +88,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("10", real_server_figures(results.real_server)))
     if results.onebox:
         sections.append(("11", onebox_figures(results.onebox)))
+    if results.vllm_server:
+        sections.append(("12", vllm_server_figures(results.vllm_server)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -106,6 +111,8 @@ def _table(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]:
                              results.export_error or "not run"))
     if "real" in results.only and not results.real_server:
         not_measured.append(("10", "On SGLang's own server", results.real_server_error or "not run"))
+    if "vllm" in results.only and not results.vllm_server:
+        not_measured.append(("12", "On vLLM's own server", results.vllm_server_error or "not run"))
     if "control" in results.only and not results.control:
         not_measured.append(("7", "Control plane cost", results.control_error or "not run"))
     for number, name, why in not_measured:
@@ -301,6 +308,8 @@ def _runs(results: Results) -> list[str]:
 
 
 REAL_SECTION = "## On SGLang's own server, beside the simulator (section 10)"
+VLLM_SECTION = "## On vLLM's own server (section 12)"
+SECTION_HEADINGS = {"10": REAL_SECTION, "12": VLLM_SECTION}
 MISSED_SECTION = "## Missed targets: why, and what would fix them"
 
 
@@ -336,6 +345,23 @@ def _real_server_section(results: Results) -> list[str]:
     if "admission" in measured:
         lines += [""] + _admission_tables(measured["admission"]["real"], measured["admission"]["sim"])
     return lines + [""]
+
+
+def _vllm_server_section(results: Results) -> list[str]:
+    """Section 12's provenance (bench/vllm_server.py): what ran, on what, and how it is read."""
+    outcome, m = results.vllm_server, results.machine
+    return [VLLM_SECTION, "",
+            f"Measured {m.date} at commit {m.commit} on vLLM {outcome['vllm']}'s own OpenAI server (the vLLM tier's "
+            "venv; `python -m vllm.entrypoints.openai.api_server`, its CPU engine, float32, eager) serving the tier's "
+            "bench model (`tests/vllm_real/model_dir.py` `build_bench`: 6 layers of hidden size 512, random weights, "
+            f"40 ordinary ids that end a completion, so lengths vary); {outcome['workload']}. genfleet: one short "
+            "worker, `/v1/completions` on the prompt's ids, `stream_interval` 32. The baseline: "
+            "`bench/baseline_client.py --api completions` (asyncio + httpx, 150 at once, a chunk per token). "
+            "Running and waiting: `vllm:num_requests_running` / `_waiting` from its `/metrics` every 0.1 s; steady "
+            "state: while the server's `vllm:generation_tokens_total` went from 10% to 70% of what the side added "
+            "(the queue still held prompts). The prefix cache is reset between sides (`/reset_prefix_cache`, dev "
+            "mode). The server's step time is the CPU engine's on the 2 cores the clients share: what carries "
+            "over is vLLM's scheduler, its stream and its counts.", ""]
 
 
 def _admission_tables(real: dict, sim: dict) -> list[str]:
@@ -381,40 +407,36 @@ def _series(points: list) -> str:
     return " ".join(f"{at}s:{value}" for at, value in points[:12]) or "—"
 
 
-def splice_real_server(existing: str, fresh: str) -> str:
-    """`existing` (a whole report) with section 10 taken from `fresh` (a report of `--only real`):
-    its rows of the results table, its notes on missed targets and its section replace the old ones,
-    everything else is kept."""
-    def rows(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line.startswith("| 10.")]
+def splice(existing: str, fresh: str) -> str:
+    """`existing` (a whole report) with the sections `fresh` (a report of `--only ...`) measured
+    taken from it: their rows of the results table (in numeric order), their notes on missed targets
+    and their own sections (10: SGLang's server, 12: vLLM's) replace the old ones; everything else
+    is kept, the heading included."""
+    def section_of(line: str, prefix: str) -> str | None:
+        match = re.match(re.escape(prefix) + r"(\d+)\.\d+[ *]", line)
+        return match.group(1) if match else None
 
-    def notes(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line.startswith("- **10.")]
-
-    def section(text: str) -> list[str]:
-        lines = text.splitlines()
-        if REAL_SECTION not in lines:
-            return []
-        start = lines.index(REAL_SECTION)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        return lines[start:end]
-
-    old_section, new_rows, new_section = section(existing), rows(fresh), section(fresh)
+    measured = {number for line in fresh.splitlines() if (number := section_of(line, "| "))}
     lines = existing.splitlines()
     for i in reversed(range(len(lines))):  # a missed target's note, and the blank line after it
-        if lines[i].startswith("- **10."):
+        if section_of(lines[i], "- **") in measured:
             del lines[i:i + 2 if i + 1 < len(lines) and not lines[i + 1] else i + 1]
-    lines = [line for line in lines if not line.startswith("| 10.")]
-    if old_section:
-        start = lines.index(REAL_SECTION)
-        del lines[start:start + len(old_section)]
-    # The results table's last numbered row ("| 9.2 | ..."); other tables' first cells are counts.
-    table_end = max(i for i, line in enumerate(lines) if re.match(r"\| \d+\.\d+ \|", line))
-    lines[table_end + 1:table_end + 1] = new_rows
-    if new_notes := notes(fresh):
+    lines = [line for line in lines if section_of(line, "| ") not in measured]
+    for number in measured:
+        heading = SECTION_HEADINGS.get(number)
+        if heading and heading in lines:
+            start = lines.index(heading)
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            del lines[start:end]
+    for row in (line for line in fresh.splitlines() if section_of(line, "| ")):
+        table = [i for i, line in enumerate(lines) if section_of(line, "| ")]
+        later = [i for i in table if _row_key(lines[i]) > _row_key(row)]
+        lines.insert(later[0] if later else table[-1] + 1, row)
+    if new_notes := [line for line in fresh.splitlines() if section_of(line, "- **") in measured]:
         # At the end of the missed targets' notes (a section of their own after the table, where
         # the report had none).
         if MISSED_SECTION not in lines:
+            table_end = max(i for i, line in enumerate(lines) if section_of(line, "| "))
             after_table = next(i for i in range(table_end, len(lines)) if lines[i].startswith("## "))
             lines[after_table:after_table] = [MISSED_SECTION, ""]
         missed = lines.index(MISSED_SECTION)
@@ -423,5 +445,19 @@ def splice_real_server(existing: str, fresh: str) -> str:
             end -= 1
         lines[end:end] = [part for note in new_notes for part in ("", note)]
     methods = lines.index("## How each figure is measured") if "## How each figure is measured" in lines else len(lines)
-    lines[methods:methods] = new_section
+    fresh_lines = fresh.splitlines()
+    for number in sorted(measured, key=int):
+        heading = SECTION_HEADINGS.get(number)
+        if heading and heading in fresh_lines:
+            start = fresh_lines.index(heading)
+            end = next((i for i in range(start + 1, len(fresh_lines)) if fresh_lines[i].startswith("## ")),
+                       len(fresh_lines))
+            lines[methods:methods] = fresh_lines[start:end]
+            methods += end - start
     return "\n".join(lines) + "\n"
+
+
+def _row_key(row: str) -> tuple[int, int]:
+    """A results row's number ("| 10.3 | ...") as (10, 3)."""
+    section, index = row.split("|")[1].strip().split(".")
+    return int(section), int(index)

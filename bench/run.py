@@ -1,7 +1,8 @@
 """`make bench`: every benchmark, repeated, into one markdown report (`bench/results.md`).
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
-                                  [--only throughput,onebox,scaling,enqueue,export,useful,control,affinity,tail,real]
+                                  [--only throughput,onebox,scaling,enqueue,export,useful,control,affinity,
+                                          tail,real,vllm]
                                   [--out bench/results.md] [--into-existing]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
@@ -10,13 +11,16 @@ the enqueue rate; the export benchmark, the control plane's cost, routing and th
 runs on one host, one after the other and sharing it) run once (each is minutes on its own), and so
 does `real`: throughput, routing and the loop guard on SGLang 0.5.23's own server (the real-server
 tier's venv, built once), each beside the simulator's figure for the same workload
-(bench/real_server.py). Every benchmark starts and stops its own redis-server, simulators and
-workers; Ctrl-C stops them all. `--quick` shrinks every size to check the harness, not to measure.
+(bench/real_server.py), and `vllm`: throughput and `--in-flight auto` on vLLM 0.32.0's own server
+(the vLLM tier's venv, built once; bench/vllm_server.py). Every benchmark starts and stops its own
+redis-server, simulators and workers; Ctrl-C stops them all. `--quick` shrinks every size to check
+the harness, not to measure.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,12 +41,13 @@ from bench import (  # noqa: E402
     standalone,
     throughput,
     useful_tokens,
+    vllm_server,
 )
 from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
 MEASUREMENTS = ("throughput", "onebox", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail",
-                "real")
+                "real", "vllm")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
@@ -82,6 +87,8 @@ def main() -> None:
             _measure_shared_tail(results)
         if "real" in only:
             _measure_real_server(results)
+        if "vllm" in only:
+            _measure_vllm_server(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -89,7 +96,7 @@ def main() -> None:
     results.elapsed_s = time.monotonic() - started
     rendered = report.render(results)
     if args.into_existing and args.out.exists():
-        rendered = report.splice_real_server(args.out.read_text(), rendered)
+        rendered = report.splice(args.out.read_text(), rendered)
     args.out.write_text(rendered)
     log(f"wrote {args.out} in {results.elapsed_s / 60:.1f} min")
     if args.json:
@@ -106,7 +113,8 @@ def _parse_args() -> tuple[argparse.Namespace, list[str]]:
                         help=f"comma-separated subset of {', '.join(MEASUREMENTS)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--into-existing", action="store_true",
-                        help="with --only real: replace section 10 of the report already at --out, keep the rest")
+                        help="with --only: replace the measured sections of the report already at --out, keep "
+                        "the rest")
     parser.add_argument("--json", type=Path, help="also write every run's raw figures here (default with the "
                         "default --out: bench/results/raw.json, which git ignores)")
     args = parser.parse_args()
@@ -204,6 +212,23 @@ def _measure_real_server(results: Results) -> None:
         return
     for name, figures in results.real_server["measurements"].items():
         log(f"  {name}: " + ", ".join(f"{kind} {_headline(name, figure)}" for kind, figure in figures.items()))
+
+
+def _measure_vllm_server(results: Results) -> None:
+    workload = vllm_server.QUICK if results.quick else vllm_server.FULL
+    log(f"on vLLM's own server (once): {workload.describe()}")
+    try:
+        results.vllm_server = vllm_server.compare(workload, log=log)
+    except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as error:  # its venv, its server
+        results.vllm_server_error = str(error).splitlines()[0]
+        log(f"  not measured: {error}")
+        return
+    measured = results.vllm_server["measurements"]
+    if "throughput" in measured:
+        log(f"  throughput {measured['throughput']['throughput_ratio']:.2f}x, occupancy "
+            f"{measured['throughput']['occupancy']:.1%}")
+    for shape, outcome in (measured.get("admission") or {}).items():
+        log(f"  {shape}: auto {outcome['tokens_ratio']:.2f}x fixed 150")
 
 
 def _headline(name: str, figure: dict) -> str:

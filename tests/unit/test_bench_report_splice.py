@@ -1,5 +1,5 @@
-"""`bench/run.py --only real --into-existing` replaces section 10 of a report (its rows, its notes on
-missed targets, its section) and keeps the rest."""
+"""`bench/run.py --only ... --into-existing` replaces the measured sections of a report (their rows,
+their notes on missed targets, their own sections) and keeps the rest."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ from helpers.paths import REPO
 
 sys.path.insert(0, str(REPO))
 
-from bench.report import MISSED_SECTION, REAL_SECTION, splice_real_server  # noqa: E402
+from bench.report import MISSED_SECTION, REAL_SECTION, VLLM_SECTION, splice  # noqa: E402
 
 EXISTING = "\n".join([
     "# genfleet benchmarks", "", "| # | figure | median |", "|---|---|---:|", "| 9.1 | tail | 0.91× |",
@@ -26,7 +26,7 @@ def fresh(value: str) -> str:
 
 
 def test_section_ten_is_replaced_and_every_other_line_kept():
-    out = splice_real_server(EXISTING, fresh("1.50×"))
+    out = splice(EXISTING, fresh("1.50×"))
     lines = out.splitlines()
     assert "| 9.1 | tail | 0.91× |" in lines and "- methods" in lines
     assert [line for line in lines if line.startswith("| 10.")] == ["| 10.1 | real, new | 1.50× |",
@@ -43,7 +43,22 @@ def test_section_ten_is_replaced_and_every_other_line_kept():
 
 
 def test_splicing_twice_leaves_one_section_ten():
-    once = splice_real_server(EXISTING, fresh("1.50×"))
-    twice = splice_real_server(once, fresh("2.00×"))
+    once = splice(EXISTING, fresh("1.50×"))
+    twice = splice(once, fresh("2.00×"))
     assert len(twice.splitlines()) == len(once.splitlines())
     assert "1.50×" not in twice and twice.count(REAL_SECTION) == 1
+
+
+def test_a_new_section_goes_into_its_place():
+    """Section 12 (vLLM) into a report that has 9 and 10, and 11 (one box) between them: rows in
+    numeric order, its own section before the methods, section 10 untouched."""
+    fresh12 = "\n".join(["# x", "", "| # | figure | median |", "|---|---|---:|", "| 12.1 | vllm | 1.02× |",
+                         "", VLLM_SECTION, "", "vllm body", "", "## How each figure is measured", ""])
+    out = splice(EXISTING, fresh12)
+    fresh11 = "\n".join(["# x", "", "| # | figure | median |", "|---|---|---:|", "| 11.1 | one box | 0.99× |",
+                         "| 11.2 | first record | 2.1 s |", "", "## How each figure is measured", ""])
+    out = splice(out, fresh11).splitlines()
+    rows = [line.split(" | ")[0] for line in out if line.startswith("| ") and "." in line.split(" | ")[0]]
+    assert rows == ["| 9.1", "| 10.1", "| 11.1", "| 11.2", "| 12.1"], rows
+    assert "old body" in out and "vllm body" in out
+    assert out.index(REAL_SECTION) < out.index(VLLM_SECTION) < out.index("## How each figure is measured")

@@ -62,5 +62,36 @@ def build_looping(model: Path, path: Path) -> Path:
     return path
 
 
+# The bench's model (bench/vllm_server.py): big enough that the server, not its client, bounds a run
+# on this machine's cores (as a GPU server does), with random weights so that greedy decoding writes
+# varied text, and BENCH_STOP_IDS more ids that end a completion (generation_config.json's
+# `eos_token_id` list: vLLM 0.32.0 `sampling_params.py` `update_from_generation_config` stops on
+# each), so that completions end at many lengths under the cap, not all at once in waves.
+BENCH_SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 8,
+               "num_key_value_heads": 4, "head_dim": 64}
+BENCH_STOP_IDS = list(range(600, 640))
+
+
+def build_bench(path: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    build(path)
+    config = json.loads((path / "config.json").read_text())
+    config = {**config, **BENCH_SHAPE}
+    config.pop("layer_types", None)  # one per layer: transformers wrote the small model's
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    torch.manual_seed(SEED)
+    hf_config = AutoConfig.from_pretrained(str(path), initializer_range=INIT_STD)
+    AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32).save_pretrained(str(path))
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation["eos_token_id"] = [config["eos_token_id"], *BENCH_STOP_IDS]
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return path
+
+
 if __name__ == "__main__":
-    print(build(Path(sys.argv[1])))
+    if sys.argv[1] == "--bench":
+        print(build_bench(Path(sys.argv[2])))
+    else:
+        print(build(Path(sys.argv[1])))
