@@ -106,8 +106,9 @@ soak: install redis-server
 soak-seeds: install redis-server
 	for seed in 1 2 3 4 5; do $(PY) tests/soak/soak.py --seed $$seed --minutes 8 || exit 1; done
 
-# A few minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
-# scaling over simulated hosts, export; writes bench/results.md. Not part of `make test`.
+# About 40 minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
+# scaling over simulated hosts, export, and on SGLang's and vLLM's own servers (their tiers' venvs,
+# built once); writes bench/results.md. Not part of `make test`.
 bench: install redis-server
 	$(PY) bench/run.py
 

@@ -11,15 +11,17 @@ many lengths (median ~50 tokens, cap 256) and not in waves.
   `/v1/completions` with the prompt's ids, `stream_interval` 32) and through the baseline script as
   a vLLM user writes it (`bench/baseline_client.py --api completions`: asyncio + httpx, 150 at
   once, the server's default stream of a delta per token), one after the other on one server (its
-  prefix cache reset between them). The server runs `--max-num-seqs 256`: its CPU default is 128
-  for the API server (0.32.0 `engine/arg_utils.py` `get_batch_defaults`), and 150 streams would
-  never all run. Occupancy: the server's own `vllm:num_requests_running` (its `/metrics`, every
-  0.1 s) over the middle 80% of the wall time, ÷ 150. Greedy decoding and no loop guard, so both
-  sides generate the same tokens: checked.
+  prefix cache reset between them), after a warm-up of other prompts. The server runs
+  `--max-num-seqs 256`: its CPU default is 128 for the API server (0.32.0 `engine/arg_utils.py`
+  `get_batch_defaults`), and 150 streams would never all run. Occupancy at steady state: the
+  server's own `vllm:num_requests_running` (its `/metrics`, every 0.1 s) while its
+  `vllm:generation_tokens_total` went from 10% to 70% of what the side added (the queue still held
+  prompts: ramp and drain left out), ÷ 150. Greedy decoding and no loop guard, so both sides
+  generate the same tokens: checked.
 - **admission**: `--in-flight auto` (ceiling 400) against a fixed 150, on a server of vLLM's CPU
   default (`--max-num-seqs 128`: 150 queue 22) and on an over-provisioned one (`--max-num-seqs
-  512`): tok/s, the server's running and waiting requests (middle 80%), and whether every record
-  came out the same.
+  512`): tok/s, the server's running (steady state) and waiting requests (middle 80%), and whether
+  every record came out the same.
 
 On this machine the server's "GPU" is the two cores the client runs on, so what a client spends in
 CPU the server loses: the tokens/s are this box's, not a GPU's; what carries over is vLLM's
@@ -78,6 +80,7 @@ def build_bench_model(venv: Path, path: Path) -> Path:
 class Workload:
     throughput_prompts: int = 900
     admission_prompts: int = 1_200
+    warm_up_prompts: int = 450  # before each server's first measured side
     max_new_tokens: int = 256
 
     def describe(self) -> str:
@@ -86,7 +89,7 @@ class Workload:
 
 
 FULL = Workload()
-QUICK = replace(FULL, throughput_prompts=60, admission_prompts=80, max_new_tokens=32)
+QUICK = replace(FULL, throughput_prompts=60, admission_prompts=80, warm_up_prompts=20, max_new_tokens=32)
 
 
 def rows(count: int, seed: int) -> list[dict]:
@@ -126,6 +129,13 @@ class VllmHost:
         page = self.page()
         return {"decoded_tokens": int(page.generated_tokens), "preemptions": int(page.preemptions)}
 
+    def warm_up(self, procs: Processes, model: Path, rows_path: Path, max_new_tokens: int) -> None:
+        """The script over prompts no side measures, its records dropped: the CPU engine's first
+        batches of each shape are slower (its kernels are made for them then), and without this
+        the side that ran first paid for them (genfleet, 0.97-0.98× in two runs)."""
+        run_baseline(procs, self, model, rows_path, max_new_tokens, "--api", "completions", "--temperature", "0")
+        self.flush_caches()
+
     def flush_caches(self) -> None:
         """vLLM's prefix cache, emptied: a side inherits no prefix from the one before."""
         httpx.post(f"{self.urls[0]}/reset_prefix_cache", timeout=30).raise_for_status()
@@ -133,9 +143,11 @@ class VllmHost:
 
 def measure_throughput(workload: Workload, venv: Path, model: Path, tmp: Path) -> dict:
     path = write_rows(tmp / "throughput.jsonl", rows(workload.throughput_prompts, seed=0))
+    warm_up = write_rows(tmp / "warm-up.jsonl", rows(workload.warm_up_prompts, seed=2))
     with Processes(prefix="genfleet-bench-vllm-") as procs:
         host = VllmHost(venv, model, max_num_seqs=256)
         try:
+            host.warm_up(procs, model, warm_up, workload.max_new_tokens)
             fleet = run_genfleet(procs, procs.start_redis()[1], host, model, "tp", path, workload.throughput_prompts,
                                  GREEDY_UNGUARDED + ("--max-new-tokens", str(workload.max_new_tokens)))
             host.flush_caches()
@@ -154,6 +166,7 @@ def measure_throughput(workload: Workload, venv: Path, model: Path, tmp: Path) -
 
 def measure_admission(workload: Workload, venv: Path, model: Path, tmp: Path) -> dict:
     path = write_rows(tmp / "admission.jsonl", rows(workload.admission_prompts, seed=1))
+    warm_up = write_rows(tmp / "warm-up.jsonl", rows(workload.warm_up_prompts, seed=2))
     outcome: dict = {}
     for shape, max_num_seqs in SHAPES.items():
         sides, texts = {}, {}
@@ -161,6 +174,7 @@ def measure_admission(workload: Workload, venv: Path, model: Path, tmp: Path) ->
             _, redis_url = procs.start_redis()
             host = VllmHost(venv, model, max_num_seqs=max_num_seqs)
             try:
+                host.warm_up(procs, model, warm_up, workload.max_new_tokens)
                 for name, settings in (("fixed 150", {}), ("auto", {"in_flight_mode": "auto",
                                                                      "concurrency": CEILING})):
                     host.flush_caches()
