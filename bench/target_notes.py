@@ -240,7 +240,8 @@ def vllm_throughput_note(tp: dict) -> str:
     return (
         f"Both sides generated the same tokens with the server equally full (steady running "
         f"{tp['genfleet']['steady_running']:.1f} vs {tp['baseline']['steady_running']:.1f}): the server bounds "
-        "the run, and the ratio moves around 1.0 with this box's noise (1.02× and 0.98× in two runs at the "
-        "commit that added it). What differs is the client's CPU on the server's cores: the worker asks for "
-        "`stream_interval` 32 and parses a chunk per 32 tokens; the script, a chunk per token."
+        "the run, and the ratio moves around 1.0 with this box's noise (1.02×, 0.98× and 0.97× in three runs "
+        "before each server got a warm-up, 1.01× with it). What differs is the client's CPU on the server's "
+        "cores: the worker asks for `stream_interval` 32 and parses a chunk per 32 tokens; the script, a chunk "
+        "per token."
     )
