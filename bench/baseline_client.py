@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +31,19 @@ import httpx  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 THINK_END = "</think>"
+
+
+async def stream(client: httpx.AsyncClient, url: str, payload: dict) -> AsyncIterator[dict]:
+    """Each `data:` line's JSON, up to `[DONE]`."""
+    async with client.stream("POST", url, json=payload) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                break
+            yield json.loads(data)
 
 
 async def generate(client: httpx.AsyncClient, semaphore: asyncio.Semaphore, url: str, row: dict,
@@ -43,17 +57,9 @@ async def generate(client: httpx.AsyncClient, semaphore: asyncio.Semaphore, url:
     async with semaphore:
         started = time.time()
         text, meta = "", {}
-        async with client.stream("POST", f"{url}/generate", json=payload) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                text = chunk["text"]  # cumulative: each chunk carries the whole text so far
-                meta = chunk.get("meta_info", meta)
+        async for chunk in stream(client, f"{url}/generate", payload):
+            text = chunk["text"]  # cumulative: each chunk carries the whole text so far
+            meta = chunk.get("meta_info", meta)
     return record(row, text, (meta.get("finish_reason") or {}).get("type"), meta.get("completion_tokens", 0),
                   meta.get("prompt_tokens", 0), started)
 
@@ -69,19 +75,11 @@ async def complete(client: httpx.AsyncClient, semaphore: asyncio.Semaphore, url:
     async with semaphore:
         started = time.time()
         pieces, finish, usage = [], None, {}
-        async with client.stream("POST", f"{url}/v1/completions", json=payload) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                for choice in chunk.get("choices") or []:
-                    pieces.append(choice.get("text") or "")
-                    finish = choice.get("finish_reason") or finish
-                usage = chunk.get("usage") or usage
+        async for chunk in stream(client, f"{url}/v1/completions", payload):
+            for choice in chunk.get("choices") or []:
+                pieces.append(choice.get("text") or "")
+                finish = choice.get("finish_reason") or finish
+            usage = chunk.get("usage") or usage
     return record(row, "".join(pieces), finish, usage.get("completion_tokens", 0), usage.get("prompt_tokens", 0),
                   started)
 

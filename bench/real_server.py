@@ -27,7 +27,6 @@ do, which is SGLang's own code.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -43,7 +42,15 @@ import redis
 from bench import admission
 from bench.processes import REPO, Processes, env_for, genfleet
 from bench.prompts import _words
-from bench.real_tier import RealServer, finished_prompts, sglang_venv, tier_model, wait_for, write_rows
+from bench.real_tier import (
+    RealServer,
+    finished_prompts,
+    measurement_cli,
+    sglang_venv,
+    tier_model,
+    wait_for,
+    write_rows,
+)
 
 SLOTS = 150
 BASELINE_SCRIPT = REPO / "bench" / "baseline_client.py"
@@ -359,15 +366,7 @@ def compare(workload: Workload, only: tuple[str, ...] = MEASUREMENTS, log: Calla
 
 
 def main() -> None:
-    from bench.processes import interrupt_on_signals
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default=",".join(MEASUREMENTS))
-    args = parser.parse_args()
-    interrupt_on_signals()
-    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
-    print(json.dumps(compare(QUICK if args.quick else FULL, only), indent=1, default=str))
+    measurement_cli(__doc__, MEASUREMENTS, compare, QUICK, FULL)
 
 
 if __name__ == "__main__":

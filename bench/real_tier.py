@@ -46,3 +46,19 @@ def wait_for(done: Callable[[], bool], what: str, worker, enqueue) -> None:
         if enqueue is not None and enqueue.process.poll() not in (None, 0):
             raise RuntimeError(f"{what}: enqueue failed:\n{enqueue.tail()}")
         time.sleep(0.1)
+
+
+def measurement_cli(doc: str, measurements: tuple[str, ...], compare: Callable[..., dict], quick: object,
+                    full: object) -> None:
+    """`python -m bench.<module> [--quick] [--only ...]`: the module's comparisons as JSON on stdout."""
+    import argparse
+
+    from bench.processes import interrupt_on_signals
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=",".join(measurements))
+    args = parser.parse_args()
+    interrupt_on_signals()
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    print(json.dumps(compare(quick if args.quick else full, only), indent=1, default=str))

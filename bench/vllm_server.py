@@ -29,9 +29,7 @@ scheduler, prefix cache and stream, which are its own code.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import random
 import subprocess
 import sys
@@ -46,7 +44,7 @@ import httpx
 from bench.processes import REPO, Processes
 from bench.prompts import _words
 from bench.real_server import SLOTS, run_baseline, run_genfleet
-from bench.real_tier import write_rows
+from bench.real_tier import measurement_cli, write_rows
 from genfleet.workers.servers.vllm import METRICS_PATH, read_metrics_page
 
 TIER = REPO / "tests" / "vllm_real"
@@ -213,15 +211,7 @@ def compare(workload: Workload, only: tuple[str, ...] = MEASUREMENTS,
 
 
 def main() -> None:
-    from bench.processes import interrupt_on_signals
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default=",".join(MEASUREMENTS))
-    args = parser.parse_args()
-    interrupt_on_signals()
-    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
-    print(json.dumps(compare(QUICK if args.quick else FULL, only), indent=1, default=str))
+    measurement_cli(__doc__, MEASUREMENTS, compare, QUICK, FULL)
 
 
 if __name__ == "__main__":
