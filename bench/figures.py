@@ -347,10 +347,7 @@ def vllm_server_figures(outcome: dict) -> list[Figure]:
             Figure("Occupancy on vLLM's own server at steady state (its running count ÷ 150, from 10% to 70% of the "
                    "tokens it generated)", [tp["occupancy"]], format_percent,
                    detail=f"baseline {format_percent(tp['baseline_occupancy'])}; waiting "
-                          f"{fleet['mean_waiting']:.1f}; by the seconds requests ran (Little's law, same window): "
-                          f"{_percent_or_dash(tp.get('occupancy_by_time'))} vs "
-                          f"{_percent_or_dash(tp.get('baseline_occupancy_by_time'))}; over the middle 80% of the "
-                          "wall time: "
+                          f"{fleet['mean_waiting']:.1f}; over the middle 80% of the wall time: "
                           f"{format_percent(tp['wall_occupancy'])} vs {format_percent(tp['baseline_wall_occupancy'])}",
                    target="≥ 99%", meets=lambda v: v >= 0.99, note=partial(target_notes.vllm_occupancy_note, tp)),
         ]
@@ -365,7 +362,3 @@ def vllm_server_figures(outcome: dict) -> list[Figure]:
                    f"{fixed['server'].get('preemptions', 0)}; records identical {measured_shape['identical']:,} of "
                    f"{measured_shape['records']:,}"))
     return figures
-
-
-def _percent_or_dash(value: float | None) -> str:
-    return format_percent(value) if value is not None else "—"

@@ -209,17 +209,6 @@ class LoadSampler:
                   if counter in load and lo <= (load[counter] - start) / grown <= hi]
         return sum(inside) / len(inside) if inside else None
 
-    def rate_in_progress(self, name: str, counter: str, lo: float = 0.1, hi: float = 0.7) -> float | None:
-        """How fast `name` (a count the hosts keep) grew over the same window as `mean_in_progress`."""
-        points = [(at, load[name], load[counter]) for at, load in self.samples if name in load and counter in load]
-        if len(points) < 2 or points[-1][2] <= points[0][2]:
-            return None
-        start, grown = points[0][2], points[-1][2] - points[0][2]
-        inside = [(at, value) for at, value, count in points if lo <= (count - start) / grown <= hi]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-
 
 # -- one run of genfleet, one of the baseline ---------------------------------------------------------
 
@@ -274,7 +263,6 @@ def _side(records: list[dict], wall_s: float, sampler: LoadSampler, started: flo
             "mean_running": sampler.mean("running", started, started + wall_s),
             "mean_waiting": sampler.mean("waiting", started, started + wall_s),
             "steady_running": sampler.mean_in_progress("running", "generated"),
-            "steady_running_by_time": sampler.rate_in_progress("running_seconds", "generated"),
             "prompt_tokens": sum(r["usage"].get("prompt_tokens", 0) for r in records),
             "cached_tokens": sum(r["usage"].get("cached_tokens") or 0 for r in records),
             "server": {name: after.get(name, 0) - before.get(name, 0) for name in after},

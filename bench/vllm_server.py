@@ -40,7 +40,6 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import REPO, Processes
 from bench.prompts import _words
@@ -66,17 +65,6 @@ def _tier_module(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def running_seconds(page: str) -> float:
-    """The seconds finished requests spent running, summed (`vllm:request_inference_time_seconds`,
-    each request's last token less its first scheduling: 0.32.0 `v1/metrics/stats.py`). Its growth
-    over a window is the mean running count over it (Little's law), free of the gauge's moment: vLLM
-    sets `vllm:num_requests_running` after a step's finished requests are freed and before their
-    successors are admitted (`v1/core/sched/scheduler.py` `update_from_output` → `make_stats`)."""
-    return sum(sample.value for family in text_string_to_metric_families(page)
-               if family.name == "vllm:request_inference_time_seconds"
-               for sample in family.samples if sample.name.endswith("_sum"))
 
 
 def build_bench_model(venv: Path, path: Path) -> Path:
@@ -132,10 +120,8 @@ class VllmHost:
         return read_metrics_page(httpx.get(f"{self.urls[0]}{METRICS_PATH}", timeout=5).raise_for_status().text)
 
     def load(self) -> dict[str, float]:
-        text = httpx.get(f"{self.urls[0]}{METRICS_PATH}", timeout=5).raise_for_status().text
-        page = read_metrics_page(text)
-        return {"running": page.running, "waiting": page.waiting, "generated": page.generated_tokens,
-                "running_seconds": running_seconds(text)}
+        page = self.page()
+        return {"running": page.running, "waiting": page.waiting, "generated": page.generated_tokens}
 
     def counters(self) -> dict[str, int]:
         page = self.page()
@@ -171,15 +157,9 @@ def measure_throughput(workload: Workload, venv: Path, model: Path, tmp: Path) -
     return {"genfleet": fleet, "baseline": baseline,
             "throughput_ratio": fleet["tokens_per_s"] / baseline["tokens_per_s"],
             "occupancy": fleet["steady_running"] / SLOTS, "baseline_occupancy": baseline["steady_running"] / SLOTS,
-            "occupancy_by_time": _share(fleet["steady_running_by_time"]),
-            "baseline_occupancy_by_time": _share(baseline["steady_running_by_time"]),
             "wall_occupancy": fleet["mean_running"] / SLOTS,
             "baseline_wall_occupancy": baseline["mean_running"] / SLOTS,
             "same_tokens": fleet["completion_tokens"] == baseline["completion_tokens"]}
-
-
-def _share(running: float | None) -> float | None:
-    return running / SLOTS if running is not None else None
 
 
 def measure_admission(workload: Workload, venv: Path, model: Path, tmp: Path) -> dict:
