@@ -84,6 +84,34 @@ def _build_wheel(out: Path) -> Path:
     return wheel
 
 
+def test_an_editable_install_is_quiet_and_a_plain_path(tmp_path: Path) -> None:
+    """`make install`'s `pip install -e`: no warning from setuptools, and the package found through a
+    .pth naming the tree, not setuptools' meta path finder (an import hook static tools cannot read,
+    which also printed "BuildBackendWarning: Editable installation")."""
+    source = _mkdir(tmp_path / "source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    environment = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(environment)
+    site = Path(subprocess.check_output(
+        [str(environment / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        text=True).strip())
+    # The build runs in the new venv (`pip --python`): it sees the test environment's setuptools.
+    _link_dependencies(tmp_path / "dependencies")
+    (site / "test-dependencies.pth").write_text(f"{tmp_path / 'dependencies'}\n")
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(environment / "bin" / "python"), "install",
+                          "--no-deps", "--no-build-isolation", "--no-index", "-q", "-e", str(source)],
+                         capture_output=True, text=True, timeout=120)
+    assert pip.returncode == 0, f"pip install -e failed:\n{pip.stdout}\n{pip.stderr}"
+    warned = [line for line in (pip.stdout + pip.stderr).splitlines() if re.search(r"Warning|!!", line)]
+    assert not warned, "pip install -e warned:\n" + "\n".join(warned)
+    assert not list(site.glob("__editable__*finder*.py")), "setuptools installed its import hook"
+    (pth,) = site.glob("__editable__.genfleet-*.pth")
+    assert pth.read_text().split() == [str(source.resolve())]
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
