@@ -29,6 +29,7 @@ scheduler, prefix cache and stream, which are its own code.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import subprocess
@@ -55,8 +56,9 @@ GREEDY_UNGUARDED = ("--temperature", "0", "--loop-guard", "off")
 SHAPES = {"CPU default": 128, "over-provisioned": 512}  # the server's --max-num-seqs
 
 
+@functools.cache
 def _tier_module(name: str) -> ModuleType:
-    """A module of the vLLM tier, by path: the SGLang tier's modules have the same names
+    """A module of the vLLM tier, by path, loaded once: the SGLang tier's modules have the same names
     (`server`, `model_dir`) and bench/real_tier.py puts that tier on sys.path."""
     if str(REPO / "tests") not in sys.path:
         sys.path.insert(0, str(REPO / "tests"))  # its helpers/

@@ -66,11 +66,7 @@ def _build_wheel(out: Path) -> Path:
     """`pip wheel` of a copy of the tree setuptools packages (no stale build/ from an earlier build,
     nothing written into the repository). No build isolation: offline, the test environment's
     setuptools (pyproject.toml's test extra)."""
-    source = _mkdir(out / "source")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, source / name)
-    for folder in FOLDERS:
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    source = _copy_source(out / "source")
     # -v shows the build backend's own output, where setuptools warns (e.g. a data folder that is not
     # in `packages`: `BuildBackendWarning: Package 'genfleet.sim.model' is absent ...`).
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -88,28 +84,45 @@ def test_an_editable_install_is_quiet_and_a_plain_path(tmp_path: Path) -> None:
     """`make install`'s `pip install -e`: no warning from setuptools, and the package found through a
     .pth naming the tree, not setuptools' meta path finder (an import hook static tools cannot read,
     which also printed "BuildBackendWarning: Editable installation")."""
-    source = _mkdir(tmp_path / "source")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, source / name)
-    for folder in FOLDERS:
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    environment = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(environment)
-    site = Path(subprocess.check_output(
-        [str(environment / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        text=True).strip())
+    source = _copy_source(tmp_path / "source")
+    environment, site = _venv_with_dependencies(tmp_path)
     # The build runs in the new venv (`pip --python`): it sees the test environment's setuptools.
-    _link_dependencies(tmp_path / "dependencies")
-    (site / "test-dependencies.pth").write_text(f"{tmp_path / 'dependencies'}\n")
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(environment / "bin" / "python"), "install",
-                          "--no-deps", "--no-build-isolation", "--no-index", "-q", "-e", str(source)],
-                         capture_output=True, text=True, timeout=120)
+    pip = _pip_install(environment, "--no-build-isolation", "-e", str(source))
     assert pip.returncode == 0, f"pip install -e failed:\n{pip.stdout}\n{pip.stderr}"
     warned = [line for line in (pip.stdout + pip.stderr).splitlines() if re.search(r"Warning|!!", line)]
     assert not warned, "pip install -e warned:\n" + "\n".join(warned)
     assert not list(site.glob("__editable__*finder*.py")), "setuptools installed its import hook"
     (pth,) = site.glob("__editable__.genfleet-*.pth")
     assert pth.read_text().split() == [str(source.resolve())]
+
+
+def _copy_source(source: Path) -> Path:
+    """A copy of the tree setuptools packages (no stale build/, nothing written into the repository)."""
+    _mkdir(source)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return source
+
+
+def _venv_with_dependencies(root: Path) -> tuple[Path, Path]:
+    """A fresh virtualenv at root/venv that sees this environment's libraries (not genfleet), and its
+    site-packages."""
+    environment = root / "venv"
+    venv.EnvBuilder(with_pip=False).create(environment)
+    site = Path(subprocess.check_output(
+        [str(environment / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        text=True).strip())
+    _link_dependencies(root / "dependencies")
+    (site / "test-dependencies.pth").write_text(f"{root / 'dependencies'}\n")
+    return environment, site
+
+
+def _pip_install(environment: Path, *args: str) -> subprocess.CompletedProcess:
+    """This environment's pip, installing into `environment`: offline, no dependencies, quiet."""
+    return subprocess.run([sys.executable, "-m", "pip", "--python", str(environment / "bin" / "python"), "install",
+                           "--no-deps", "--no-index", "-q", *args], capture_output=True, text=True, timeout=120)
 
 
 def _mkdir(path: Path) -> Path:
@@ -132,16 +145,8 @@ def _link_dependencies(links: Path) -> None:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("installed")
     wheel = _build_wheel(root)
-    environment = root / "venv"
-    venv.EnvBuilder(with_pip=False).create(environment)
-    target = Path(subprocess.check_output(
-        [str(environment / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        text=True).strip())
-    _link_dependencies(root / "dependencies")
-    (target / "test-dependencies.pth").write_text(f"{root / 'dependencies'}\n")
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(environment / "bin" / "python"),
-                          "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                         capture_output=True, text=True, timeout=120)
+    environment, _ = _venv_with_dependencies(root)
+    pip = _pip_install(environment, str(wheel))
     assert pip.returncode == 0, f"pip install failed:\n{pip.stdout}\n{pip.stderr}"
     return Installed(wheel, environment, _mkdir(root / "home"))
 
