@@ -196,7 +196,7 @@ class LoadSampler:
         inside = [load.get(name, 0.0) for at, load in self.samples if lo <= at <= hi]
         return sum(inside) / len(inside) if inside else 0.0
 
-    def mean_in_progress(self, name: str, counter: str, lo: float = 0.1, hi: float = 0.7) -> float | None:
+    def mean_in_progress(self, name: str, counter: str, lo: float = 0.1, hi: float = 0.5) -> float | None:
         """`name`'s mean while `counter` (a count the hosts keep, such as the tokens they generated)
         went from `lo` to `hi` of what it grew by over the samples: a side's steady state, its ramp
         and its drain left out (with more prompts than slots, the queue still holds prompts at

@@ -2,8 +2,11 @@
 SGLang's in section 10. The model is the tier's bench model (`tests/vllm_real/model_dir.py`
 `build_bench`): 6 layers of hidden size 512 with random weights, so that the server bounds a run on
 this machine (the tier's 2-layer model answers so fast that the clients' CPU does, which says
-nothing of a GPU server), and 40 ordinary ids that end a completion, so that completions end at
-many lengths (median ~50 tokens, cap 256) and not in waves.
+nothing of a GPU server), and 10 ordinary ids that end a completion, so that completions end at
+many lengths with a long tail, as reasoning completions do (greedy, cap 1,024: median ~250 tokens,
+mean ~340, p90 ~890), and not in waves. A server's handover from a finished request to the next
+costs a step or two whatever the client (below), so the shorter the completions, the more of the
+batch it leaves empty: forty stop ids (median 53 tokens) read 97.3% for both clients.
 
     .venv/bin/python -m bench.vllm_server [--quick] [--only throughput,admission]
 
@@ -15,9 +18,12 @@ many lengths (median ~50 tokens, cap 256) and not in waves.
   `--max-num-seqs 256`: its CPU default is 128 for the API server (0.32.0 `engine/arg_utils.py`
   `get_batch_defaults`), and 150 streams would never all run. Occupancy at steady state: the
   server's own `vllm:num_requests_running` (its `/metrics`, every 0.1 s) while its
-  `vllm:generation_tokens_total` went from 10% to 70% of what the side added (the queue still held
-  prompts: ramp and drain left out), ÷ 150. Greedy decoding and no loop guard, so both sides
-  generate the same tokens: checked.
+  `vllm:generation_tokens_total` went from 10% to 50% of what the side added (the queue still held
+  prompts: 750 of this shape run dry at about two thirds of the tokens; ramp and drain left out),
+  ÷ 150. vLLM counts running after a step's finished requests are freed and before their
+  successors are admitted (0.32.0 `v1/core/sched/scheduler.py` `update_from_output` →
+  `make_stats`), so each completion shows an empty slot for a step or two. Greedy decoding and no
+  loop guard, so both sides generate the same tokens: checked.
 - **admission**: `--in-flight auto` (ceiling 400) against a fixed 150, on a server of vLLM's CPU
   default (`--max-num-seqs 128`: 150 queue 22) and on an over-provisioned one (`--max-num-seqs
   512`): tok/s, the server's running (steady state) and waiting requests (middle 80%), and whether
@@ -78,10 +84,10 @@ def build_bench_model(venv: Path, path: Path) -> Path:
 
 @dataclass(frozen=True)
 class Workload:
-    throughput_prompts: int = 900
-    admission_prompts: int = 1_200
-    warm_up_prompts: int = 450  # before each server's first measured side
-    max_new_tokens: int = 256
+    throughput_prompts: int = 750
+    admission_prompts: int = 600
+    warm_up_prompts: int = 150  # before each server's first measured side
+    max_new_tokens: int = 1_024
 
     def describe(self) -> str:
         return (f"throughput {self.throughput_prompts:,} prompts; admission {self.admission_prompts:,} prompts x 2 "
@@ -109,7 +115,9 @@ class VllmHost:
             `entrypoints/launchers/api_server/routers.py`, `entrypoints/serve/dev/cache/api_router.py`)."""
 
             def environment(self) -> dict[str, str]:
-                return {**super().environment(), "VLLM_SERVER_DEV_MODE": "1"}
+                # 4 GiB of KV cache (~350,000 tokens of this model): the tier's 1 GiB would preempt
+                # the over-provisioned shape's ~400 long completions, and no shape here is KV-bound.
+                return {**super().environment(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "4"}
 
         self.server = DevModeServer(venv, model, "--max-num-seqs", str(max_num_seqs), *flags, name="vllm-bench")
         self.server.start()
