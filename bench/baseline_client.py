@@ -99,6 +99,7 @@ def record(row: dict, text: str, finish_reason: str | None, completion_tokens: i
         "finish_reason": finish_reason,
         "completion_tokens": completion_tokens,
         "prompt_tokens": prompt_tokens,
+        "started_at": started,
         "duration_s": time.time() - started,
     }
 

@@ -38,14 +38,17 @@ def _tag(raw: bytes) -> str:
 
 
 @contextmanager
-def consumer(url: str, **transport) -> Iterator[tuple[Connection, list[Message]]]:
-    """A consumer of the short queue, as a worker's (prefetch unlimited); yields what it received.
-    Closed afterwards whatever state the test left it in."""
+def consumer(url: str, prefetch: int | None = None, **transport) -> Iterator[tuple[Connection, list[Message]]]:
+    """A consumer of the short queue, as a worker's (prefetch unlimited unless given: a worker's is
+    its concurrency); yields what it received. Closed afterwards whatever state the test left it in."""
     received: list[Message] = []
     short = next(queue for queue in QUEUES if queue.name == SHORT)
     connection = Connection(url, **transport)
-    Consumer(connection.default_channel, queues=[Queue(short.name, short.exchange, short.routing_key)],
-             callbacks=[lambda _body, message: received.append(message)], accept=["msgpack"]).consume()
+    tasks = Consumer(connection.default_channel, queues=[Queue(short.name, short.exchange, short.routing_key)],
+                     callbacks=[lambda _body, message: received.append(message)], accept=["msgpack"])
+    if prefetch is not None:
+        tasks.qos(prefetch_count=prefetch)
+    tasks.consume()
     # Celery's remote-control mailbox: a second channel, consuming a fanout queue deleted on close.
     mailbox = Exchange("test.pidbox", type="fanout")
     Consumer(connection.channel(), queues=[Queue("worker.test.pidbox", mailbox, auto_delete=True)],
@@ -69,6 +72,18 @@ def drain(connection: Connection, seconds: float = 0.3) -> None:
             return
 
 
+def first_delivering_pass(connection: Connection, received: list[Message], timeout_s: float = 10.0) -> None:
+    """Passes of the event loop (each handles one readable socket: the BLMOVE's reply, or the
+    mailbox's) until one has delivered something."""
+    deadline = time.monotonic() + timeout_s
+    while not received:
+        assert time.monotonic() < deadline, "nothing delivered"
+        try:
+            connection.drain_events(timeout=0.5)
+        except TimeoutError:
+            pass
+
+
 def transit_lists(client) -> list[bytes]:
     return client.zrange(TRANSITS, 0, -1)
 
@@ -83,6 +98,45 @@ def test_a_message_goes_from_its_queue_through_a_transit_list_into_unacked(redis
         assert redis_client.llen(key) == 0, "recorded as unacked and out of transit in one MULTI"
         received[0].ack()
         assert not redis_client.hexists(KOMBU_UNACKED, tag)
+
+
+def test_free_slots_fill_from_the_waiting_messages_in_one_pass(redis_client, redis_url):
+    """A worker with room for three takes three of five waiting messages in one pass of its event
+    loop (one BLMOVE, then the rest in one round trip), oldest first, each recorded as unacked and
+    out of transit; the other two wait on the queue for room."""
+    tags = [queue_message(redis_client, row) for row in range(5)]
+    with consumer(redis_url, prefetch=3, **GENFLEET) as (connection, received):
+        first_delivering_pass(connection, received)
+        assert [m.delivery_tag for m in received] == tags[:3]
+        assert all(redis_client.hexists(KOMBU_UNACKED, tag) for tag in tags[:3])
+        assert [_tag(raw) for raw in redis_client.lrange(SHORT, 0, -1)] == tags[:2:-1]  # the head is the right end
+        [key] = transit_lists(redis_client)
+        assert redis_client.llen(key) == 0
+        received[0].ack()
+        drain(connection)
+        assert [m.delivery_tag for m in received] == tags[:4], "a freed slot takes the next one"
+
+
+def test_a_delivery_failing_mid_pass_gives_the_rest_back_in_order(redis_client, redis_url, monkeypatch):
+    tags = [queue_message(redis_client, row) for row in range(4)]
+    delivered: list[str] = []
+    deliver = broker.Channel._deliver_from_transit
+
+    def fails_on_the_second(channel, item):
+        if len(delivered) == 1:
+            raise RuntimeError("a callback's bug")
+        delivered.append(_tag(item))
+        return deliver(channel, item)
+
+    monkeypatch.setattr(broker.Channel, "_deliver_from_transit", fails_on_the_second)
+    with pytest.raises(RuntimeError), consumer(redis_url, prefetch=4, **GENFLEET) as (connection, received):
+        first_delivering_pass(connection, received)
+    assert delivered == tags[:1]
+    assert [_tag(raw) for raw in redis_client.lrange(SHORT, 0, -1)] == [tags[3], tags[2]], \
+        "the undelivered ones back at the head, in their order"
+    [key] = transit_lists(redis_client)
+    assert [_tag(raw) for raw in redis_client.lrange(key, 0, -1)] == [tags[1]], \
+        "the one that failed stays in transit for the reaper, as a failed BLMOVE delivery does"
 
 
 def test_a_consumer_killed_between_the_pop_and_unacked_loses_nothing(redis_client, redis_url, monkeypatch):
