@@ -240,8 +240,10 @@ def vllm_throughput_note(tp: dict) -> str:
     return (
         f"Both sides generated the same tokens with the server equally full (steady running "
         f"{tp['genfleet']['steady_running']:.1f} vs {tp['baseline']['steady_running']:.1f}): the server bounds "
-        "the run, and the ratio moves around 1.0 with this box's noise (1.02×, 0.98× and 0.97× in three runs "
-        "before each server got a warm-up, 1.01× with it). What differs is the client's CPU on the server's "
-        "cores: the worker asks for `stream_interval` 32 and parses a chunk per 32 tokens; the script, a chunk "
-        "per token."
+        "the run, and the ratio moves around 1.0 with this box's noise. Where genfleet loses is the start: its "
+        "worker fills its 150 slots in ~1.2 s where the script opens 150 streams at once (a task costs the "
+        "worker's event loop a few ms of a core that the server is using), so by 10% of the tokens it is ~0.8 s "
+        "behind; it gains ~3% in the steady state (the worker asks for `stream_interval` 32 and parses a chunk "
+        "per 32 tokens, the script a chunk per token, and the server's API process sends fewer). Before the "
+        "worker took waiting messages in batches the fill took ~4 s, and this row read 0.97x."
     )
