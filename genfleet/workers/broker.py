@@ -285,9 +285,12 @@ class Channel(kombu_redis.Channel):
         source = transit_queue(self.transit_key)
         with self.conn_or_acquire() as client:
             pipe = client.pipeline(transaction=False)
+            # The list renewed as the messages reach it: a reaper judges it by its last renewal, and
+            # these wait on it for the whole pass, not the instant a BLMOVE's message does.
+            pipe.zadd(TRANSITS, {self.transit_key: clock_for(client).now()})
             for _ in range(room):
                 pipe.lmove(source, self.transit_key, "RIGHT", "LEFT")
-            items = [item for item in pipe.execute() if item]
+            items = [item for item in pipe.execute()[1:] if item]
         for index, item in enumerate(items):
             try:
                 self._deliver_from_transit(item)
