@@ -277,7 +277,10 @@ class Channel(kombu_redis.Channel):
         loop: a worker's empty slots fill at once after a start, a restart or a burst, where one
         BLMOVE per message took a round trip and a pass of the loop each (150 slots: ~0.4 s of an
         idle core, seconds beside a busy server), and Celery sends their task events as one
-        message (its `task.multi` group, flushed once per pass). In steady state a finished task
+        message (its `task.multi` group, flushed once per pass: celery 5.7.0
+        `worker/consumer/events.py` `buffer_group`, `events/dispatcher.py` `flush`). The room is
+        kombu's own estimate (kombu 5.7.0 `transport/virtual/base.py` `QoS.can_consume_max_estimate`:
+        the prefetch count less what is delivered and unacked). In steady state a finished task
         frees one slot, which the BLMOVE fills, and this finds no room."""
         room = min(self.qos.can_consume_max_estimate() or 0, INTAKE_BATCH)
         if room < 1 or self.transit_key is None:
