@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers.fleet import Fleet  # noqa: E402
 from helpers.paths import TOKENIZER  # noqa: E402
-from helpers.redis_server import RedisServer  # noqa: E402
+from helpers.redis_server import RedisServer, observer  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,13 +39,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def redis_url(redis_server: str) -> str:
     """A clean database for each test."""
-    redis.Redis.from_url(redis_server).flushall()
+    observer(redis_server).flushall()
     return redis_server
 
 
 @pytest.fixture
 def redis_client(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
+    return observer(redis_url)
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from helpers.data import read_jsonl as lines
 from helpers.export_runs import EXIT_INCOMPLETE, run_export, sampled_run, synthetic_run
+from helpers.redis_server import observer
 
 from genfleet.common.reasoning import get_format
 from genfleet.common.records import TaskPayload
@@ -54,7 +54,7 @@ print(json.dumps(loaded))
 
 @pytest.fixture(scope="module")
 def run_records(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     shards = tmp_path_factory.mktemp("hf-run") / "shards"
     records = synthetic_run(shards, client, RUN, 30) + sampled_run(shards, client, RUN, prompts=6, samples=3)
     state = RunState(client, RUN)
@@ -203,7 +203,7 @@ def test_the_card_states_the_provenance_and_the_numbers_of_the_manifest(exports)
 
 
 def test_an_incomplete_export_gets_a_card_saying_so_and_is_not_pushed(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "hf-pending", 5)
     state = RunState(client, "hf-pending")
     client.setbit(state.keys.enqueued("syn"), 5, 1)  # published, never finished

@@ -10,12 +10,12 @@ import json
 from collections import Counter
 
 import pytest
-import redis
 from helpers.data import read_jsonl as lines
 from helpers.data import sample_dataset_args
 from helpers.export_runs import EXIT_ABORTED, EXIT_INCOMPLETE, SampleRun, run_export
 from helpers.fleet import Fleet
 from helpers.paths import TOKENIZER
+from helpers.redis_server import observer
 from helpers.sim_process import FAST_SIM, SimProcess
 
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
@@ -25,7 +25,7 @@ RUN = SampleRun.RUN
 
 @pytest.fixture(scope="module")
 def sample_run(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> SampleRun:
-    redis.Redis.from_url(redis_server).flushall()
+    observer(redis_server).flushall()
     workdir = tmp_path_factory.mktemp("export-run")
     with SimProcess(*FAST_SIM) as sim, Fleet(redis_server, workdir) as fleet:
         fleet.start_worker("short", sim.url)

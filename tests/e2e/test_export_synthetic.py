@@ -3,16 +3,16 @@ filters, a seeded shuffle and file splitting, reconciliation of unfinished and b
 rows, no Redis at all, dead letters in the batch error file, and exact length statistics."""
 from __future__ import annotations
 
-import redis
 from helpers.data import read_jsonl as lines
 from helpers.export_runs import EXIT_ABORTED, EXIT_INCOMPLETE, run_export, synthetic_run
+from helpers.redis_server import observer
 
 from genfleet.common.records import TaskPayload
 from genfleet.common.run_state import RunState
 
 
 def test_filters_leave_out_what_they_say_and_count_it(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "filters", 70)
     code, output, manifest = run_export("filters", (tmp_path / "shards",), tmp_path / "out", "--format", "openai",
                                         "--drop-truncated", "--require-reasoning", "--min-content-chars", "10",
@@ -27,7 +27,7 @@ def test_filters_leave_out_what_they_say_and_count_it(redis_server, tmp_path):
 
 
 def test_shuffle_is_a_seeded_permutation_and_files_split_at_the_record_cap(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "shuffle", 100)
 
     def export(name: str, *args: str) -> list[str]:
@@ -49,7 +49,7 @@ def test_shuffle_is_a_seeded_permutation_and_files_split_at_the_record_cap(redis
 
 
 def test_reconciliation_lists_the_pending_rows_of_an_unfinished_run(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "unfinished", 10)
     state = RunState(client, "unfinished")
     for row in (10, 11):  # published, still queued or running
@@ -66,7 +66,7 @@ def test_reconciliation_lists_the_pending_rows_of_an_unfinished_run(redis_server
 
 
 def test_rows_skipped_for_the_token_budget_are_not_missing_records(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "budget", 10)
     state = RunState(client, "budget")
     for row in (10, 11, 12):
@@ -99,7 +99,7 @@ def test_export_without_reachable_redis_fails_fast_and_says_how_to_go_on(tmp_pat
 
 
 def test_openai_batch_writes_dead_letters_to_the_error_file(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "batch", 4)
     state = RunState(client, "batch")
     dead = TaskPayload(run="batch", id="syn/req-9", dataset="syn", row=4, partition="short", prompt_tokens=9000,
@@ -122,7 +122,7 @@ def test_openai_batch_writes_dead_letters_to_the_error_file(redis_server, tmp_pa
 
 
 def test_stats_give_the_exact_completion_length_distribution(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "stats", 100)
     code, output, manifest = run_export("stats", (tmp_path / "shards",), tmp_path / "out", "--format", "openai",
                                         "--drop-truncated", redis_url=redis_server)

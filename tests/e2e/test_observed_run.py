@@ -11,12 +11,12 @@ from collections import Counter
 
 import httpx
 import pytest
-import redis
 from helpers.data import write_prompts
 from helpers.fleet import Fleet
 from helpers.flower import FlowerProcess, chromium_driver
 from helpers.metrics import scrape, total
 from helpers.paths import ARTIFACTS, DEPLOY
+from helpers.redis_server import observer
 from helpers.sim_process import SimProcess, free_port
 from helpers.waits import NOT_YET, wait_until
 
@@ -32,7 +32,7 @@ RUN = "watched"
 def observed(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
     """One run watched from every side: 40 chat prompts (one more too long for the server's
     context), 12 code prompts pinned to the long pool; Flower, both pools and /metrics stay up."""
-    redis.Redis.from_url(redis_server).flushall()
+    observer(redis_server).flushall()
     workdir = tmp_path_factory.mktemp("observed")
     data = workdir / "data"
     data.mkdir()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 from helpers.export_runs import run_export, synthetic_run
+from helpers.redis_server import observer
 from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
@@ -67,14 +68,14 @@ def own_database(redis_server: str):
     """A database of the session's Redis for requeue's messages, emptied after: no later test's worker
     may take them."""
     url = redis_server.rsplit("/", 1)[0] + "/9"
-    client = redis.Redis.from_url(url)
+    client = observer(url)
     client.flushdb()
     yield url, client
     client.flushdb()
 
 
 def test_export_on_a_terminal_shows_each_phase_with_its_eta_and_keeps_stdout_for_the_tables(redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "bars", 40)
     code, stdout, shown = on_terminal("export", "--run", "bars", "--from", str(tmp_path / "shards"), "--out",
                                       str(tmp_path / "out"), "--format", "openai", "--redis-url", redis_server)
@@ -95,7 +96,7 @@ def test_requeue_on_a_terminal_counts_the_letters_moved_and_prints_its_line_to_s
 
 
 def test_no_progress_bar_reaches_captured_output(redis_server, own_database, tmp_path):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     synthetic_run(tmp_path / "shards", client, "piped", 10)
     code, output, _ = run_export("piped", (tmp_path / "shards",), tmp_path / "out", "--format", "openai",
                                  redis_url=redis_server)

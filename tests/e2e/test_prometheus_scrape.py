@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import promql_parser
 import pytest
-import redis
 from helpers.data import write_prompts
 from helpers.deploy_queries import (
     PanelQuery,
@@ -24,6 +23,7 @@ from helpers.deploy_queries import (
 from helpers.fleet import Fleet
 from helpers.flower import FlowerProcess
 from helpers.prometheus import PrometheusServer, ScrapeJob, prometheus_binary
+from helpers.redis_server import observer
 from helpers.sim_process import SimProcess, free_port
 from helpers.waits import wait_until
 
@@ -61,7 +61,7 @@ def scraped(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
     """A run of 37 prompts on one short worker, with Flower and a Prometheus that scraped both from
     before the first prompt was enqueued until after the last was written."""
     prometheus_binary()  # skip before starting anything
-    redis.Redis.from_url(redis_server).flushall()
+    observer(redis_server).flushall()
     workdir = tmp_path_factory.mktemp("scraped")
     write_prompts(workdir / "chat.jsonl", 24, "chat question number")
     # Last in the queue: the failure ratio has been shown (as 0) for a while before the one failure.

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import httpx
 import pytest
-import redis
 from helpers.children import terminate
 from helpers.data import write_jsonl
 from helpers.fleet import Fleet
 from helpers.flower import chromium_driver
 from helpers.paths import ARTIFACTS
+from helpers.redis_server import observer
 from helpers.sim_process import SimProcess, free_port
 from helpers.waits import wait_until
 
@@ -60,7 +60,7 @@ class PageProcess:
 def served(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
     """30 chat prompts plus one too long (its id is HOSTILE_KEY), 12 code prompts, run to the end by
     one worker; the page serves it with Flower links to FLOWER."""
-    redis.Redis.from_url(redis_server).flushall()
+    observer(redis_server).flushall()
     workdir = tmp_path_factory.mktemp("status-page")
     chat = write_jsonl(workdir / "chat.jsonl", [{"id": f"q{i}", "prompt": f"chat question {i}"} for i in range(30)]
                        + [{"id": HOSTILE_KEY, "prompt": "a very long prompt " * 60}])

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers.redis_server import observer
 from helpers.run_stats import record_completion
 from helpers.waits import wait_until
 
@@ -137,7 +138,7 @@ class Tmux:
 def filled(redis_server) -> tuple[redis.Redis, str]:
     """The run, written once for the module. The watch test finishes 100 more code_contests prompts:
     it comes after the test that checks code_contests' row (pytest runs a module in file order)."""
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     client.flushall()
     fill_run(client, RUN)
     return client, redis_server

@@ -9,11 +9,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from genfleet.status.read_model import RunProgress, read_progress
 from helpers.data import read_jsonl
 from helpers.paths import TOKENIZER
+from helpers.redis_server import observer
 from helpers.waits import wait_until
 
 
@@ -90,7 +89,7 @@ class Fleet:
         }
         self.configure(**settings)
         self.workers: list[WorkerProcess] = []
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = observer(redis_url)
 
     def configure(self, **settings: object) -> None:
         """Settings for processes started from now on, as GENFLEET_* env vars."""

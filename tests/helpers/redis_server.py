@@ -11,6 +11,19 @@ import redis
 from helpers.sim_process import free_port
 from helpers.waits import wait_until
 
+# redis-py 8.0 gave every client a 5 s socket timeout where it had none (`redis/_defaults.py`
+# DEFAULT_SOCKET_TIMEOUT, redis 8.2.0). A test's own reads watch a fleet on a busy 2-core machine
+# (beside a model server, in CI): one CI run saw a read of the vLLM tier's progress go unanswered for
+# 5 s and fail the test, while the workers' clients retried through it (common/run_state.connect). A
+# test waits for a slow answer as long as it waits for anything; a dead server still fails it.
+TEST_CLIENT_TIMEOUT_S = 60.0
+
+
+def observer(url: str) -> redis.Redis:
+    """The tests' own client of the Redis at `url`: the fleet's observer, never its subject."""
+    return redis.Redis.from_url(url, socket_timeout=TEST_CLIENT_TIMEOUT_S,
+                                socket_connect_timeout=TEST_CLIENT_TIMEOUT_S)
+
 
 def pings(url: str) -> bool:
     """Whether a Redis server answers at `url` (with its password and TLS settings)."""

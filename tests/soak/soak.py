@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the e2e 
 
 from helpers.data import write_jsonl  # noqa: E402
 from helpers.fleet import Fleet, WorkerProcess, same_worker_overlaps  # noqa: E402
-from helpers.redis_server import RedisServer  # noqa: E402
+from helpers.redis_server import RedisServer, observer  # noqa: E402
 from helpers.sim_process import SimProcess, free_port, read_completion_log  # noqa: E402
 from helpers.tcp_proxy import BlackholeProxy  # noqa: E402
 from helpers.tmpfs import fill  # noqa: E402
@@ -108,7 +108,7 @@ class Soak:
             self.proxy = proxy
             # The workers reach Redis through the proxy; the judge (and enqueue, status) directly.
             self.fleet = Fleet(f"redis://127.0.0.1:{proxy.port}/0", self.workdir, **SETTINGS)
-            self.judge_redis = redis.Redis.from_url(self.redis.url)
+            self.judge_redis = observer(self.redis.url)
             self.fleet.redis = self.judge_redis
             try:
                 return self._run()

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import redis
 from helpers.kombu_messages import encoder
-from helpers.redis_server import RedisServer
+from helpers.redis_server import RedisServer, observer
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.message import Message
 
@@ -202,7 +201,7 @@ def lose_connection(connection: Connection, server: RedisServer) -> None:
 
 
 def test_kombus_own_transport_crashes_on_a_lost_connection_with_a_message_held(own_redis):
-    client = redis.Redis.from_url(own_redis.url)
+    client = observer(own_redis.url)
     queue_message(client)
     with consumer(own_redis.url, **STOCK) as (connection, received):
         drain(connection)
@@ -212,20 +211,20 @@ def test_kombus_own_transport_crashes_on_a_lost_connection_with_a_message_held(o
 
 
 def test_a_lost_connection_restores_nothing_and_a_late_ack_still_lands(own_redis):
-    client = redis.Redis.from_url(own_redis.url)
+    client = observer(own_redis.url)
     tag = queue_message(client)
     with consumer(own_redis.url, **GENFLEET) as (connection, received):
         drain(connection)
         lose_connection(connection, own_redis)  # no AttributeError
         own_redis.start()
-        client = redis.Redis.from_url(own_redis.url)
+        client = observer(own_redis.url)
         assert client.hexists(KOMBU_UNACKED, tag) and client.llen(SHORT) == 0, "held, not handed to another worker"
         received[0].ack()  # the task finished after the reconnect: its message names the closed channel
         assert not client.hexists(KOMBU_UNACKED, tag)
 
 
 def test_an_ack_while_redis_is_down_fails_as_a_connection_error_and_the_message_stays_held(own_redis):
-    client = redis.Redis.from_url(own_redis.url)
+    client = observer(own_redis.url)
     tag = queue_message(client)
     with consumer(own_redis.url, **GENFLEET) as (connection, received):
         drain(connection)
@@ -233,7 +232,7 @@ def test_an_ack_while_redis_is_down_fails_as_a_connection_error_and_the_message_
         with pytest.raises(tuple(connection.connection_errors)):
             received[0].ack()
         own_redis.start()
-        assert redis.Redis.from_url(own_redis.url).hexists(KOMBU_UNACKED, tag)  # the lease path settles it
+        assert observer(own_redis.url).hexists(KOMBU_UNACKED, tag)  # the lease path settles it
 
 
 def test_the_reaper_judges_no_lease_within_a_lease_of_a_redis_restart(redis_client, monkeypatch):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 import typer
+from helpers.redis_server import observer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +84,7 @@ def test_the_embedded_redis_keeps_its_password_private_and_its_data_across_resta
             mode = stat.S_IMODE((first.directory / name).stat().st_mode)
             assert mode == 0o600, (name, oct(mode))
         assert first.password() not in " ".join(first.process.args)  # not on the command line
-        client = redis.Redis.from_url(first.url(endpoint))
+        client = observer(first.url(endpoint))
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         with pytest.raises(redis.AuthenticationError):
@@ -101,7 +102,7 @@ def test_the_embedded_redis_keeps_its_password_private_and_its_data_across_resta
     again = EmbeddedRedis(tmp_path / "out")
     endpoint = again.start()
     try:
-        assert redis.Redis.from_url(again.url(endpoint)).get("kept") == b"yes"
+        assert observer(again.url(endpoint)).get("kept") == b"yes"
     finally:
         again.stop()
 
@@ -115,7 +116,7 @@ def test_commands_reach_the_embedded_redis_unless_one_is_named(tmp_path, monkeyp
     embedded.start()
     embedded.stop()
     with reach_redis(None) as url:  # not running: started for the command, stopped after it
-        assert redis.Redis.from_url(url).ping()
+        assert observer(url).ping()
         assert embedded.running() is not None
     assert embedded.running() is None
     with reach_redis("redis://elsewhere:1/0") as url:
@@ -190,7 +191,7 @@ def test_an_ipv6_address_goes_in_brackets_in_the_url(tmp_path):
     embedded = EmbeddedRedis(tmp_path / "out")
     url = embedded.url(Endpoint("127.0.0.1", 6390, 1, None), host="::1")
     assert url.endswith("@[::1]:6390/0")
-    assert redis.Redis.from_url(url).connection_pool.connection_kwargs["host"] == "::1"
+    assert observer(url).connection_pool.connection_kwargs["host"] == "::1"
 
 
 def test_a_run_this_redis_has_never_seen_is_not_finished(redis_client):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from helpers.redis_server import RedisServer
+from helpers.redis_server import RedisServer, observer
 from typer.testing import CliRunner
 
 from genfleet.cli import app as cli_app
@@ -23,7 +23,7 @@ def redis_with(tmp_path):
         server = RedisServer(tmp_path / f"redis-{len(servers)}", *options)
         server.start()
         servers.append(server)
-        return redis.Redis.from_url(server.url)
+        return observer(server.url)
 
     yield start
     for server in servers:

@@ -9,10 +9,10 @@ import json
 import pickle
 
 import pytest
-import redis
 from celery import Celery
 from helpers.kombu_messages import encoder
 from helpers.pickles import LeavesATrace
+from helpers.redis_server import observer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kombu import Connection
@@ -31,7 +31,7 @@ from genfleet.workers.delivery import Reaper
 @given(rows=st.sets(st.integers(min_value=0, max_value=4000), max_size=60),
        window=st.tuples(st.integers(0, 500), st.integers(0, 500)))
 def test_the_bitmap_codec_reads_rows_exactly_as_redis_setbit_wrote_them(redis_server, rows, window):
-    client = redis.Redis.from_url(redis_server)
+    client = observer(redis_server)
     client.delete("bits")
     pipe = client.pipeline()
     for row in rows:
