@@ -12,9 +12,10 @@ simulator's vocabulary, which is package data (`sim/model/`).
 
 `genfleet demo` (and `make demo`): the whole pipeline on one box against the simulator.
 
-Starts redis-server (own port, temp dir), the simulator, a short and a long worker and (unless
-`--no-flower`) Flower, enqueues the bundled sample data (`genfleet/demo.py`), shows live
-progress and ends with a per-run summary. Ctrl-C stops every process it started.
+It is `genfleet run` (`onebox/job.py`) with the simulator as its server and the bundled sample
+data as its datasets: an embedded redis-server under `{workdir}/output/`, the short and long pools,
+the producer and (unless `--no-flower`) Flower; live progress and a summary; Ctrl-C stops every
+process it started. What is the demo's own is here: the sample data and the simulator's flags.
 
 It runs from an installed package as well as from the repository: everything it needs is package
 data (the simulator's model in `sim/model/`, the Lua scripts in `common/`) or a child process of
@@ -27,25 +28,17 @@ import argparse
 import json
 import os
 import random
-import secrets
 import shutil
-import signal
-import subprocess
-import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import redis
 import typer
-from rich.live import Live
 
-from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, wait_for
+from genfleet.onebox.embedded_redis import EmbeddedRedisError
+from genfleet.onebox.processes import free_port, genfleet
 from genfleet.sim.vocab import DEFAULT_TOKENIZER_DIR
-from genfleet.status.read_model import RunStatus, read_status
-from genfleet.status.render import render, wide_console
 
 SEED = 20261129
 
@@ -180,7 +173,8 @@ if __name__ == "__main__":
     main()
 
 
-console = wide_console()
+# Without a terminal (a pipe, CI), a progress line this often: the demo's whole run is a minute or two.
+PROGRESS_EVERY_S = 5.0
 REDIS_MISSING = ("genfleet demo: redis-server is not on PATH; install it (Debian/Ubuntu: "
                  "`sudo apt-get install redis-server`, macOS: `brew install redis`) and retry")
 
@@ -204,116 +198,37 @@ def demo_command(
     sim_rate: Annotated[float, typer.Option(
         min=0.001, help="The simulator's decode tokens/s of a lone request; 2000 makes a quick run")] = 100.0,
 ) -> None:
-    """The whole pipeline on one box: redis-server, the simulator, a short and a long worker and
-    Flower, on the bundled sample data; live progress, then a summary. Needs redis-server on PATH."""
+    """`genfleet run` on the bundled sample data against the simulator: an embedded redis-server, a short
+    and a long worker and Flower; live progress, then a summary. Needs redis-server on PATH."""
     if shutil.which("redis-server") is None:
         typer.echo(REDIS_MISSING, err=True)
         raise typer.Exit(1)
     options = DemoOptions(workdir, scale, flower_port if flower else None, hold, sim_rate)
     try:
-        run_demo(options)
-    except KeyboardInterrupt:
-        console.print("stopped")
-        raise typer.Exit(130) from None
-    except ChildFailed as error:
+        status = run_demo(options)
+    except EmbeddedRedisError as error:
         typer.echo(f"genfleet demo: {error}", err=True)
         raise typer.Exit(1) from None
+    raise typer.Exit(status)
 
 
-def run_demo(options: DemoOptions) -> None:
+def run_demo(options: DemoOptions) -> int:
+    """`genfleet run` on the simulator and the sample data: the same job, the same code path, a
+    user's first command against a real server would run. Returns the job's exit status."""
+    from genfleet.onebox.job import JobPlan, run_job
+
     workdir = options.workdir.resolve()
-    logs = workdir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    redis_port, sim_port = free_port(), free_port()
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    run = time.strftime("demo-%Y%m%d-%H%M%S")
-    # Flower runs only behind basic auth (docs/running.md): the demo makes a password unless given one.
-    flower_auth = os.environ.get("GENFLEET_FLOWER_AUTH") or f"demo:{secrets.token_hex(8)}"
-    env = {**os.environ, "GENFLEET_REDIS_URL": redis_url, "GENFLEET_OUTPUT_DIR": str(workdir / "output"),
-           # The demo's records are small: a laptop with little free disk still runs it.
-           "GENFLEET_MIN_FREE_DISK_MB": "16",
-           "GENFLEET_FLOWER_AUTH": flower_auth, "PYTHONUNBUFFERED": "1"}
     datasets = dataset_args(write_datasets(workdir / "data", scale=options.scale))
-
-    processes = Processes(logs, env)
-    with ExitStack() as stack:
-        stack.callback(processes.stop_all)
-        client = _start_redis(processes, stack, redis_port, redis_url)
-        sim_url = f"http://127.0.0.1:{sim_port}"
-        metrics_ports = _start_fleet(processes, sim_port, sim_url, options)
-        flower = (f"Flower http://127.0.0.1:{options.flower_port} (user:password {flower_auth})"
-                  if options.flower_port else "no Flower")
-        console.print(f"[bold]genfleet demo[/] run [cyan]{run}[/] · simulator {sim_url} · {flower} · logs {logs}")
-        console.print("Prometheus: " + " · ".join(f"{pool} http://127.0.0.1:{port}/metrics"
-                                                  for pool, port in metrics_ports.items()))
-
-        # Its own session, as every child: Ctrl-C reaches the demo alone, and `run` kills it on the way out.
-        enqueue = subprocess.run(genfleet("enqueue", "--run", run, "--tokenizer", str(DEFAULT_TOKENIZER_DIR),
-                                          *datasets), env=env, start_new_session=True)
-        if enqueue.returncode != 0:
-            raise ChildFailed(f"genfleet enqueue exited ({enqueue.returncode}); its error is above")
-        status, elapsed = _show_progress_until_finished(client, run, processes)
-        _print_summary(status, elapsed, workdir / "output" / run)
-        if options.hold:
-            console.print((f"{flower} · " if options.flower_port else "") + "Ctrl-C to stop")
-            while True:
-                processes.check_alive()
-                time.sleep(1)
-
-
-def _start_redis(processes: Processes, stack: ExitStack, port: int, url: str) -> redis.Redis:
-    redis_dir = Path(tempfile.mkdtemp(prefix="genfleet-redis-"))
-    stack.callback(shutil.rmtree, redis_dir, True)
-    # The broker settings docs/ARCHITECTURE.md asks for: AOF every second, never evict a queued task.
-    processes.start("redis", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                    "--dir", str(redis_dir), "--appendonly", "yes", "--appendfsync", "everysec",
-                    "--maxmemory-policy", "noeviction", "--save", "", on_parent_death=signal.SIGTERM)
-    client = redis.Redis.from_url(url)
-    wait_for(client.ping, "redis-server")
-    return client
-
-
-def _start_fleet(processes: Processes, sim_port: int, sim_url: str, options: DemoOptions) -> dict[str, int]:
-    """The simulator, a short and a long worker and Flower (unless `--no-flower`), up once both
-    workers say `ready.`; returns each pool's Prometheus port."""
-    processes.start("sim", *genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1",
-                                     "--rate", str(options.sim_rate)))
-    metrics_ports = {"short": free_port(), "long": free_port()}
-    for pool, port in metrics_ports.items():
-        processes.start(f"worker-{pool}", *genfleet("worker", "--pool", pool, "--upstream", sim_url,
-                                                    "--metrics-port", str(port)))
-    if options.flower_port is not None:
-        processes.start("flower", *genfleet("flower", "--port", str(options.flower_port)))
-    logs = processes.logs
-
-    def workers_ready() -> bool:
-        processes.check_alive()  # a worker that died says so now, not after the timeout
-        return all("ready." in (logs / f"worker-{pool}.log").read_text() for pool in metrics_ports)
-
-    wait_for(workers_ready, "the workers")
-    return metrics_ports
-
-
-def _show_progress_until_finished(client: redis.Redis, run: str, processes: Processes) -> tuple[RunStatus, float]:
-    """The live status table until every prompt is done or failed; returns the last status and
-    the seconds it took."""
-    started = time.monotonic()
-    with Live(render(read_status(client, run)), console=console, refresh_per_second=2) as live:
-        while True:
-            processes.check_alive()
-            status = read_status(client, run)
-            live.update(render(status))
-            if status.finished:
-                break
-            time.sleep(0.5)
-    return status, time.monotonic() - started
-
-
-def _print_summary(status: RunStatus, elapsed: float, shards: Path) -> None:
-    console.print()
-    totals = status.progress.totals()
-    console.print(f"[green]done[/]: {totals.done} prompts, {totals.failed} failed, "
-                  f"{totals.completion_tokens:,} completion tokens in {elapsed:.1f} s "
-                  f"({totals.completion_tokens / elapsed:,.0f} tok/s)")
-    console.print(f"shards: {shards}")
-
+    sim_port = free_port()
+    sim_url = f"http://127.0.0.1:{sim_port}"
+    run = time.strftime("demo-%Y%m%d-%H%M%S")
+    # The demo's records are small: a laptop with little free disk still runs it.
+    os.environ.setdefault("GENFLEET_MIN_FREE_DISK_MB", "16")
+    plan = JobPlan(
+        run=run, upstreams=(sim_url,), out=workdir / "output",
+        enqueue_args=("--run", run, "--tokenizer", str(DEFAULT_TOKENIZER_DIR), *datasets),
+        redis_url=None,  # always the job's own, embedded under the demo's output: never a Redis of the user's
+        servers=(("sim", tuple(genfleet("sim", "--port", str(sim_port), "--length-scale", "0.1",
+                                         "--rate", str(options.sim_rate)))),),
+        flower_port=options.flower_port, progress_every_s=PROGRESS_EVERY_S, hold=options.hold)
+    return run_job(plan)

@@ -41,7 +41,7 @@ from genfleet.common.reasoning import get_format
 from genfleet.common.run_state import RunManifest, connect
 from genfleet.common.settings import Settings, printable_url
 from genfleet.onebox.embedded_redis import EmbeddedRedis, EmbeddedRedisError, Listen
-from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free
+from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free, wait_for
 from genfleet.status.read_model import DatasetProgress, RunProgress, RunStatus, read_progress, read_status
 from genfleet.status.render import progress_bars, progress_lines, render
 from genfleet.workers.servers.api import ServerDescription
@@ -73,6 +73,10 @@ class JobPlan:
     export_format: str | None = None
     export_to: Path | None = None
     context_length_given: bool = False  # else the server's context, when it says, is the producer's
+    # Servers the job starts itself, (name, command line): the demo's simulator. They start before
+    # anything asks them for work and stop after the workers, whose streams they serve to the end.
+    servers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    hold: bool = False  # after the summary, keep everything up (Flower, the status page) until Ctrl-C
 
 
 @contextmanager
@@ -102,12 +106,14 @@ class Job:
         self.embedded = None if plan.redis_url else EmbeddedRedis(self.out)
         self.settings = Settings()
         self.processes: Processes | None = None
+        self.servers: Processes | None = None  # plan.servers, stopped after self.processes
         self.enqueue_reported = False
         self.parser_source = ""
         self.job_lock: IO[str] | None = None  # this job's hold on its output directory
         self.before: DatasetProgress | None = None  # the run's totals when this job started
         self.metrics = self._metrics_ports()
         self.pools_started: set[str] = set()
+        self.held = False  # the run ended and the job holds (`plan.hold`)
         self.started = time.monotonic()
 
     def run(self) -> int:
@@ -116,6 +122,11 @@ class Job:
         with _stop_signals() as asked:
             try:
                 return self._run()
+            except ChildFailed as failure:  # a child that did not come up, or exited before the end
+                self.console.print(f"[red]error:[/] {escape(str(failure))}", soft_wrap=True)
+                self._print_log_tail(failure)
+                self._stop_children()
+                return 1
             except KeyboardInterrupt:
                 return self._stop(asked)
             finally:
@@ -125,6 +136,7 @@ class Job:
         plan = self.plan
         url = self._start_redis()
         client = connect(url, timeout_s=REDIS_TIMEOUT_S)
+        self._start_servers()
         description = self._describe_server()
         recorded = self._recorded_parser(client)
         env = self._child_env(url, description, recorded)
@@ -140,18 +152,15 @@ class Job:
         self._print_header(url, self.metrics, flower_auth, env)
         if self.embedded is not None and progress.unacked:
             self._note_held_by_a_killed_job(progress.unacked)
-        try:
-            status = self._watch(client, enqueue)
-        except ChildFailed as failure:
-            self.console.print(f"[red]error:[/] {escape(str(failure))}", soft_wrap=True)
-            self._print_log_tail(failure)
-            self._stop_children()
-            return 1
+        status = self._watch(client, enqueue)
         if status is None:  # the producer refused or failed: its words are above
             self._stop_children()
             if "--new-run" in self.processes.output("enqueue"):
                 self.console.print("genfleet run: to keep both configs, run this one under another --run name")
             return enqueue.returncode or 1
+        if plan.hold:
+            self._summary(status, None)
+            self._hold()
         self._stop_children()
         exported = self._export()
         return self._summary(status, exported)
@@ -167,6 +176,26 @@ class Job:
                                      "(they would share its queues); give this one its own --out")
         endpoint = self.embedded.start(self.plan.listen)
         return self.embedded.url(endpoint)
+
+    def _start_servers(self) -> None:
+        """The plan's own servers, each up (answering its health check) before the job goes on."""
+        if not self.plan.servers:
+            return
+        from genfleet.workers.servers.kinds import AnyServer
+
+        self.servers = servers = Processes(self.logs, {**os.environ, "PYTHONUNBUFFERED": "1"})
+        for name, command in self.plan.servers:
+            servers.start(name, *command)
+        probe = AnyServer(max_connections=2, connect_timeout_s=2.0, stall_timeout_s=5.0)
+
+        def up() -> bool:
+            servers.check_alive()  # one that exits says so now, with its log
+            return all(probe.health(url, timeout_s=2.0).reachable for url in self.plan.upstreams)
+
+        try:
+            wait_for(up, "the job's " + ", ".join(name for name, _ in self.plan.servers))
+        finally:
+            probe.close()
 
     def _describe_server(self) -> ServerDescription | None:
         """What the first upstream says of itself (its reasoning parser and context), or None."""
@@ -332,7 +361,7 @@ class Job:
         assert self.processes is not None
         next_shown = time.monotonic()
         while True:
-            self.processes.check_alive(ignoring=("enqueue",))
+            self._check_alive()
             produced = enqueue.poll()
             if produced is not None and not self.enqueue_reported:
                 self.enqueue_reported = True
@@ -374,17 +403,35 @@ class Job:
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def _print_log_tail(self, failure: ChildFailed) -> None:
-        assert self.processes is not None
-        for name, _ in self.processes.children:
-            if f"{name} exited" in str(failure):
-                for line in self.processes.output(name).splitlines()[-20:]:
-                    self.console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+        for processes in (p for p in (self.processes, self.servers) if p is not None):
+            for name, _ in processes.children:
+                if f"{name} exited" in str(failure):
+                    for line in processes.output(name).splitlines()[-20:]:
+                        self.console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
 
     # --- end --------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        """A child that exits before the end (the producer excepted: its end is its own) ends the job."""
+        assert self.processes is not None
+        self.processes.check_alive(ignoring=("enqueue",))
+        if self.servers is not None:
+            self.servers.check_alive()
+
+    def _hold(self) -> None:
+        """Until Ctrl-C or SIGTERM (the KeyboardInterrupt `run` handles), or until a child exits."""
+        what = (f"Flower http://127.0.0.1:{self.plan.flower_port} · " if self.plan.flower_port is not None else "")
+        self.held = True
+        self.console.print(f"{what}everything stays up: Ctrl-C to stop")
+        while True:
+            self._check_alive()
+            time.sleep(1.0)
+
     def _stop_children(self) -> None:
-        """The producer and the workers, which finish or give back their streams within the grace."""
-        if self.processes is not None:
-            self.processes.stop_all(grace_s=self.settings.shutdown_grace_s + 5.0)
+        """The producer and the workers, which finish or give back their streams within the grace;
+        then the job's own servers, which served those streams to the end."""
+        for processes in (self.processes, self.servers):
+            if processes is not None:
+                processes.stop_all(grace_s=self.settings.shutdown_grace_s + 5.0)
 
     def _release_redis(self) -> None:
         if self.embedded is not None:
@@ -397,17 +444,21 @@ class Job:
         at once. Returns 128 + the first signal's number, as a shell reports a death by it."""
         first = asked[0] if asked else signal.SIGINT
         if len(asked) <= 1:
-            self.console.print(f"\n{signal.Signals(first).name}: stopping; running prompts finish or go back to "
-                               f"the queue (up to {self.settings.shutdown_grace_s:.0f} s); again to stop at once. "
-                               "The same command resumes.")
+            if self.held:  # the run had ended: no prompt is running
+                self.console.print(f"\n{signal.Signals(first).name}: stopping")
+            else:
+                self.console.print(f"\n{signal.Signals(first).name}: stopping; running prompts finish or go back "
+                                   f"to the queue (up to {self.settings.shutdown_grace_s:.0f} s); again to stop at "
+                                   "once. The same command resumes.")
             try:
                 self._stop_children()
                 return 128 + first
             except KeyboardInterrupt:
                 pass
         self.console.print("stopping at once")
-        if self.processes is not None:
-            self.processes.kill_all()
+        for processes in (self.processes, self.servers):
+            if processes is not None:
+                processes.kill_all()
         return 128 + first
 
     def _export(self) -> int | None:
@@ -428,7 +479,7 @@ class Job:
         say = self.console.print
         say(f"[green]done[/]: {totals.done:,} prompts, {totals.failed:,} failed, {totals.skipped:,} skipped, "
             f"{totals.rejected:,} rows rejected; this job: {done_now:,} prompts, {tokens:,} completion tokens in "
-            f"{elapsed:,.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tok/s)")
+            f"{elapsed:,.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tok/s)", soft_wrap=True)
         say(f"shards: {escape(str(self.out / self.plan.run))}")
         if exported is not None:
             say(f"export: {escape(str(self.plan.export_to))} (genfleet export exited {exported})")

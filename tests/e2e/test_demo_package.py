@@ -191,7 +191,9 @@ def test_genfleet_demo_runs_the_sample_data_from_the_installed_package(installed
 
     prompts = good_rows(0.02)
     assert re.search(rf"done: {prompts} prompts, 0 failed", result.stdout), result.stdout[-3000:]
-    (shards,) = (installed.home / ".demo" / "output").iterdir()
+    # `genfleet run`'s layout: the run's shards beside its logs and the embedded Redis.
+    (shards,) = (installed.home / ".demo" / "output").glob("demo-*")
+    assert (installed.home / ".demo" / "output" / ".genfleet-redis").is_dir()
     records = [json.loads(line) for shard in shards.rglob("*.jsonl") for line in shard.read_text().splitlines()]
     assert len({record["id"] for record in records}) == prompts
     assert {record["dataset"] for record in records} == {name for name, *_ in DATASETS}
