@@ -162,6 +162,7 @@ class EmbeddedRedis:
                     raise EmbeddedRedisError(
                         f"the embedded Redis of {self.directory.parent} already runs (pid {endpoint.pid}) without "
                         f"--listen {listen.address}:{listen.port}: stop the genfleet command using it, then retry")
+                self._wait_until_up(endpoint)  # another command's start may still be loading the AOF
                 self._hold_use()
                 return endpoint
             port = listen.port if listen else free_port()
@@ -244,20 +245,24 @@ class EmbeddedRedis:
             file.write("\n".join(lines) + "\n")
 
     def _wait_until_up(self, endpoint: Endpoint) -> None:
+        """Until the server holds this directory and has loaded its AOF. CONFIG and INFO answer while
+        it loads, every data command then fails with LOADING (redis.io "LOADING error"; redis 7
+        `src/server.c` `processCommand` lets only CMD_LOADING commands through), so the AOF's
+        `loading:0` in INFO persistence is what says a resumed job's data is there."""
         client = redis.Redis.from_url(self.url(endpoint), socket_connect_timeout=1.0, socket_timeout=5.0)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
+                if self.process is not None and self.process.poll() is not None:
                     raise EmbeddedRedisError(f"redis-server exited ({self.process.returncode}) at start; "
                                              f"see {self.directory / 'redis.log'}")
                 try:
                     # Ours, not whatever else answers on the port (a busy --listen port).
-                    if client.config_get("dir").get("dir") == str(self.directory):
+                    if (client.config_get("dir").get("dir") == str(self.directory)
+                            and not int(client.info("persistence").get("loading", 0))):
                         return
                 except redis.RedisError:
-                    pass  # still loading its AOF, not listening yet, or not a Redis at all
+                    pass  # not listening yet, or not a Redis at all
                 if time.monotonic() > deadline:
                     raise EmbeddedRedisError(f"redis-server did not answer within {START_TIMEOUT_S:.0f} s; "
                                              f"see {self.directory / 'redis.log'}")

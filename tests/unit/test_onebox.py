@@ -9,6 +9,7 @@ import pytest
 import redis
 import typer
 from helpers.redis_server import observer
+from helpers.waits import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -198,3 +199,36 @@ def test_a_run_this_redis_has_never_seen_is_not_finished(redis_client):
     from genfleet.status.read_model import read_progress
 
     assert not read_progress(redis_client, "never-enqueued").finished
+
+
+def test_a_start_returns_once_the_aof_is_loaded(tmp_path, monkeypatch):
+    # A large AOF takes seconds to load, and meanwhile the server answers CONFIG and INFO but
+    # fails every data command with LOADING. redis' own test knobs make a small one load slowly
+    # (`key-load-delay`, microseconds per key; `loading-process-events-interval-bytes`: answer
+    # clients during the load), hidden configs of redis 7 `src/config.c`.
+    write_config = EmbeddedRedis._write_config
+
+    def slow_to_load(self: EmbeddedRedis, port: int, listen: Listen | None) -> None:
+        write_config(self, port, listen)
+        with open(self.directory / "redis.conf", "a") as conf:
+            conf.write("key-load-delay 100\nloading-process-events-interval-bytes 1024\n")
+
+    monkeypatch.setattr(EmbeddedRedis, "_write_config", slow_to_load)
+    first = EmbeddedRedis(tmp_path / "out")
+    endpoint = first.start()
+    try:
+        client = observer(first.url(endpoint))
+        client.mset({f"key-{i}": i for i in range(10_000)})  # ~1 s of loading
+        # Into the AOF's base file (an RDB), whose keys are loaded one by one, each delayed.
+        client.bgrewriteaof()
+        wait_until(lambda: client.info("persistence")["aof_rewrite_in_progress"] == 0
+                   and client.info("persistence")["aof_rewrite_scheduled"] == 0, 30, 0.05, "no AOF rewrite")
+    finally:
+        first.stop()
+
+    again = EmbeddedRedis(tmp_path / "out")
+    endpoint = again.start()
+    try:
+        assert observer(again.url(endpoint)).get("key-9999") == b"9999"
+    finally:
+        again.stop()
