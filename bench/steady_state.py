@@ -47,8 +47,11 @@ class SteadyStateWindow:
         for url in self.urls:
             self.http.post(f"{url}/sim/stats/reset").raise_for_status()
 
-    def poll(self) -> None:
-        if self.window is not None:
+    def poll(self, *, ended: bool = False) -> None:
+        """`ended`: the run is over; a window that opened closes on what the counters hold now (a run
+        can end between two polls on a busy machine, before one saw `close_count`: the window then
+        holds some of the drain too)."""
+        if self.window is not None or (ended and self._opened_at is None):
             return
         stats = self._stats()
         finished = self._finished_before + sum(s["requests_finished"] for s in stats)
@@ -57,7 +60,7 @@ class SteadyStateWindow:
                 self.reset()
                 self._opened_at = time.monotonic()
                 self._finished_before = finished
-        elif finished >= self.close_count:
+        elif finished >= self.close_count or ended:
             self.window = Window(
                 seconds=time.monotonic() - self._opened_at,
                 mean_running=sum(s["mean_running"] for s in stats),

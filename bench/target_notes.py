@@ -38,8 +38,9 @@ class ThroughputMedians:
             baseline_cpu_us_per_token=median([c.baseline.cpu_us_per_token for c in runs]),
             genfleet_task_cpu_ms=median([1e3 * c.genfleet.client_cpu_s / c.genfleet.prompts for c in runs]),
             tokens_per_prompt=median([c.genfleet.completion_tokens / c.genfleet.prompts for c in runs]),
+            # 0 when no run had a steady state (a quick run can end before its window opens).
             completions_per_s=median([c.genfleet.window.requests / c.genfleet.window.seconds for c in runs
-                                      if c.genfleet.window]),
+                                      if c.genfleet.window] or [0.0]),
             peak_running=min(c.genfleet.sim_peak_running for c in runs),
             knee=runs[0].profile.knee,
         )

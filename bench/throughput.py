@@ -151,6 +151,7 @@ def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) ->
             procs.check_alive(ignore=enqueue)
             time.sleep(POLL_S)
         wall = time.monotonic() - started
+        window.poll(ended=True)
         job_running = window.job_mean_running()
         busy = machine.busy_cores()
         worker_cpu = cpu_seconds(worker.pid) - worker_cpu
@@ -193,6 +194,7 @@ def run_baseline(profile: Profile, prompts: Path) -> SideResult:
             time.sleep(POLL_S)
         exit_ = wait_with_usage(client.process)
         wall = time.monotonic() - started
+        window.poll(ended=True)
         job_running = window.job_mean_running()
         busy = machine.busy_cores()
         sim_cpu = cpu_seconds(sim.pid) - sim_cpu
