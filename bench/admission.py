@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from bench.processes import Processes, env_for, genfleet
+from bench.processes import Processes, env_for, genfleet, redis_client
 
 LENGTH_SCALE = 1 / 8
 FULL_CAP = round(10_240 * LENGTH_SCALE)  # 1,280
@@ -204,7 +204,7 @@ def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Pat
     env = env_for(redis_url, output, tokenizer=model, **settings)
     worker = procs.start_worker(f"worker-{run}", env, [url])
     procs.wait_ready([worker])
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     enqueue_args = ["--max-new-tokens", str(FULL_CAP), "--on-truncated", "continue"]
     if config.staged:
         enqueue_args += ["--first-max-new-tokens", "auto"]

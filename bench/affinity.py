@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from bench.processes import TOKENIZER, Processes, env_for, genfleet
+from bench.processes import TOKENIZER, Processes, env_for, genfleet, redis_client
 from bench.prompts import _words
 
 POLL_S = 0.1
@@ -131,7 +131,7 @@ def run_routing(workload: Workload, mode: str, hosts: int, inputs: tuple[Path, P
         env = env_for(redis_url, procs.dir / "output", routing=mode, tokenizer=TOKENIZER)
         worker = procs.start_worker("worker", env, sims)
         procs.wait_ready([worker])
-        client = redis.Redis.from_url(redis_url)
+        client = redis_client(redis_url)
         for url in sims:
             httpx.post(f"{url}/sim/stats/reset", timeout=5)
         started = time.monotonic()

@@ -33,7 +33,7 @@ import redis
 
 from bench import control_model
 from bench.proc_stats import peak_rss_bytes, wait_with_usage
-from bench.processes import TOKENIZER, Child, Processes, env_for, free_port, genfleet, wait_for
+from bench.processes import TOKENIZER, Child, Processes, env_for, free_port, genfleet, redis_client, wait_for
 from bench.prompts import write_prompts
 from bench.redis_meter import EventCounter, Meter, delta
 
@@ -76,7 +76,7 @@ def queue_cost(w: Workload, workdir: Path) -> dict:
             out.write(json.dumps(row) + "\n")
     with Processes(prefix="genfleet-bench-queue-") as procs:
         _, url = procs.start_redis()
-        meter = Meter(redis.Redis.from_url(url))
+        meter = Meter(redis_client(url))
         before = meter.snapshot()
         time.sleep(w.idle_s)
         env, points = env_for(url, procs.dir / "output"), {"redis_idle": delta(before, meter.snapshot())}
@@ -161,8 +161,8 @@ def fleet_run(w: Workload, prompts: int, workdir: Path) -> dict:
     warm = write_prompts(workdir / "warm.jsonl", WARM_PROMPTS, seed=1, prefix="w")
     with Processes(prefix="genfleet-bench-control-") as procs:
         fleet = _start_fleet(w, procs)
-        meter = Meter(redis.Redis.from_url(fleet.url), fleet.pids)
-        events = EventCounter(redis.Redis.from_url(fleet.url))
+        meter = Meter(redis_client(fleet.url), fleet.pids)
+        events = EventCounter(redis_client(fleet.url))
         events.start()
         _enqueue(procs, fleet.env, "warm", warm, w.max_new_tokens)
         _wait_done(meter, procs, "warm", WARM_PROMPTS)
@@ -200,7 +200,7 @@ def fleet_run(w: Workload, prompts: int, workdir: Path) -> dict:
 def _start_fleet(w: Workload, procs: Processes) -> Fleet:
     """Redis, the simulators, Flower (before the worker: it sees every event) and one short worker."""
     _, url = procs.start_redis()
-    empty = Meter(redis.Redis.from_url(url)).settled_memory()
+    empty = Meter(redis_client(url)).settled_memory()
     sims = [procs.start_sim(f"sim{i}", list(w.sim_flags)) for i in range(w.sims)]
     fleet = Fleet(url, env_for(url, procs.dir / "output"), [sim_url for _, sim_url in sims], {}, [], empty)
     if w.flower:

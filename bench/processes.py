@@ -15,10 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import redis
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "sim" / "model"
 STOP_GRACE_S = 15.0
+
+
+# redis-py 8.0 gave every client a 5 s socket timeout (redis 8.2.0 `redis/_defaults.py`); a bench
+# reads Redis beside a busy model server on 2 cores, where a read can wait longer than that.
+REDIS_TIMEOUT_S = 60.0
+
+
+def redis_client(url: str) -> redis.Redis:
+    """The bench's own client of a Redis it watches."""
+    return redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
 
 
 def free_port() -> int:
@@ -151,9 +162,7 @@ class Processes:
         child = self.start("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
                                      "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"],
                            tier=BROKER)
-        import redis
-
-        client = redis.Redis(port=port)
+        client = redis_client(f"redis://127.0.0.1:{port}/0")
         wait_for(client.ping, "redis-server", child)
         return child, f"redis://127.0.0.1:{port}/0"
 

@@ -37,10 +37,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
-import redis
 
 from bench import admission
-from bench.processes import REPO, Processes, env_for, genfleet
+from bench.processes import REPO, Processes, env_for, genfleet, redis_client
 from bench.prompts import _words
 from bench.real_tier import (
     RealServer,
@@ -219,7 +218,7 @@ def run_genfleet(procs: Processes, redis_url: str, hosts: Hosts, model: Path, ru
     env = env_for(redis_url, output, tokenizer=model, **settings)
     worker = procs.start_worker(f"worker-{run}", env, hosts.urls)
     procs.wait_ready([worker])
-    client = redis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     before = hosts.counters()
     with LoadSampler(hosts) as sampler:
         started = time.monotonic()

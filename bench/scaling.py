@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import redis
 
 from bench.proc_stats import MachineCpu, cpu_seconds
-from bench.processes import TOKENIZER, Processes, env_for, genfleet
+from bench.processes import TOKENIZER, Processes, env_for, genfleet, redis_client
 from bench.prompts import write_prompts
 from bench.steady_state import JobWindow, Window
 from genfleet.status.read_model import read_progress
@@ -135,7 +135,7 @@ def run_hosts(profile: HostProfile, hosts: int) -> HostsResult:
                     for name, cpu in _cpu_by_group(groups).items()}
             # The drain, for the whole job's mean running only: counted in Redis, not by the hosts,
             # whose counters miss what finishes between a stats read and the window's reset.
-            client = redis.Redis.from_url(redis_url)
+            client = redis_client(redis_url)
             while _settled(client) < total:
                 procs.check_alive(ignore=enqueue)
                 if time.monotonic() - started > RUN_TIMEOUT_S:

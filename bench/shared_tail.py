@@ -30,7 +30,7 @@ from pathlib import Path
 import redis
 
 from bench import throughput
-from bench.processes import TOKENIZER, Child, Processes, env_for, genfleet
+from bench.processes import TOKENIZER, Child, Processes, env_for, genfleet, redis_client
 from bench.prompts import write_prompts
 from bench.steady_state import JobWindow
 from bench.throughput import SLOTS, Profile
@@ -112,7 +112,7 @@ def run_case(profile: Profile, prompts: dict[str, Path], shared: bool) -> CaseRe
         env = env_for(redis_url, output)
         worker = procs.start_worker("worker", env, [sim_url])
         procs.wait_ready([worker])
-        client = redis.Redis.from_url(redis_url)
+        client = redis_client(redis_url)
         window = JobWindow([sim_url], 2 * profile.prompts)
         window.reset()
         started = time.monotonic()

@@ -21,7 +21,7 @@ from typing import TypeVar
 import redis
 
 from bench.proc_stats import MachineCpu, cpu_seconds, has_exited, peak_rss_bytes, wait_with_usage
-from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet
+from bench.processes import REPO, TOKENIZER, Processes, env_for, genfleet, redis_client
 from bench.prompts import write_prompts
 from bench.steady_state import JobWindow, Window
 
@@ -119,7 +119,7 @@ def run_genfleet(profile: Profile, prompts: Path, py_spy: Path | None = None) ->
         env = env_for(redis_url, procs.dir / "output")
         worker = procs.start_worker("worker", env, [sim_url])
         procs.wait_ready([worker])
-        client = redis.Redis.from_url(redis_url)
+        client = redis_client(redis_url)
         window = JobWindow([sim_url], profile.prompts)
         window.reset()
         worker_cpu, sim_cpu, redis_cpu = cpu_seconds(worker.pid), cpu_seconds(sim.pid), cpu_seconds(redis_child.pid)

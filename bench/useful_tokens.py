@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from bench.processes import TOKENIZER, Processes, env_for, genfleet
+from bench.processes import TOKENIZER, Processes, env_for, genfleet, redis_client
 from bench.prompts import write_prompts
 from genfleet.common.shards import ShardReader, find_shards
 
@@ -83,7 +83,7 @@ def run_policy(workload: Workload, policy: str, workdir: Path) -> tuple[PolicyRe
         env = env_for(redis_url, procs.dir / "output", stream_interval=16)
         workers = [procs.start_worker(f"worker-{pool}", env, [sim_url], pool=pool) for pool in ("short", "long")]
         procs.wait_ready(workers)
-        client = redis.Redis.from_url(redis_url)
+        client = redis_client(redis_url)
         started = time.monotonic()
         enqueue = procs.start("enqueue", genfleet(
             "enqueue", "--run", "bench", "--tokenizer", str(TOKENIZER), "--keep-token-ids",
