@@ -403,19 +403,22 @@ class Job:
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def _print_log_tail(self, failure: ChildFailed) -> None:
-        for processes in (p for p in (self.processes, self.servers) if p is not None):
+        for processes in self._groups():
             for name, _ in processes.children:
                 if f"{name} exited" in str(failure):
                     for line in processes.output(name).splitlines()[-20:]:
                         self.console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
 
     # --- end --------------------------------------------------------------------------------
+    def _groups(self) -> list[Processes]:
+        """The job's children in the order they stop: the producer, the pools and the watchers, then
+        the job's own servers, which serve the pools' streams to the end."""
+        return [group for group in (self.processes, self.servers) if group is not None]
+
     def _check_alive(self) -> None:
         """A child that exits before the end (the producer excepted: its end is its own) ends the job."""
-        assert self.processes is not None
-        self.processes.check_alive(ignoring=("enqueue",))
-        if self.servers is not None:
-            self.servers.check_alive()
+        for group in self._groups():
+            group.check_alive(ignoring=("enqueue",))
 
     def _hold(self) -> None:
         """Until Ctrl-C or SIGTERM (the KeyboardInterrupt `run` handles), or until a child exits."""
@@ -428,10 +431,9 @@ class Job:
 
     def _stop_children(self) -> None:
         """The producer and the workers, which finish or give back their streams within the grace;
-        then the job's own servers, which served those streams to the end."""
-        for processes in (self.processes, self.servers):
-            if processes is not None:
-                processes.stop_all(grace_s=self.settings.shutdown_grace_s + 5.0)
+        then the job's own servers."""
+        for group in self._groups():
+            group.stop_all(grace_s=self.settings.shutdown_grace_s + 5.0)
 
     def _release_redis(self) -> None:
         if self.embedded is not None:
@@ -456,9 +458,8 @@ class Job:
             except KeyboardInterrupt:
                 pass
         self.console.print("stopping at once")
-        for processes in (self.processes, self.servers):
-            if processes is not None:
-                processes.kill_all()
+        for group in self._groups():
+            group.kill_all()
         return 128 + first
 
     def _export(self) -> int | None:

@@ -3,6 +3,8 @@ embedded Redis (a real redis-server), `--listen`, and the producer's word when n
 from __future__ import annotations
 
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,18 @@ def test_a_bad_listen_says_what_it_expects(text):
         Listen.parse(text)
 
 
+@contextmanager
+def started(directory: Path) -> Iterator[redis.Redis]:
+    """The embedded Redis of the output directory `directory`, started, and a client of it; stopped
+    on the way out."""
+    embedded = EmbeddedRedis(directory)
+    endpoint = embedded.start()
+    try:
+        yield observer(embedded.url(endpoint))
+    finally:
+        embedded.stop()
+
+
 def test_the_embedded_redis_keeps_its_password_private_and_its_data_across_restarts(tmp_path):
     first = EmbeddedRedis(tmp_path / "out")
     endpoint = first.start()
@@ -100,12 +114,8 @@ def test_the_embedded_redis_keeps_its_password_private_and_its_data_across_resta
         first.stop()
     assert first.running() is None and not (first.directory / "endpoint.json").exists()
 
-    again = EmbeddedRedis(tmp_path / "out")
-    endpoint = again.start()
-    try:
-        assert observer(again.url(endpoint)).get("kept") == b"yes"
-    finally:
-        again.stop()
+    with started(tmp_path / "out") as client:
+        assert client.get("kept") == b"yes"
 
 
 def test_commands_reach_the_embedded_redis_unless_one_is_named(tmp_path, monkeypatch):
@@ -214,21 +224,12 @@ def test_a_start_returns_once_the_aof_is_loaded(tmp_path, monkeypatch):
             conf.write("key-load-delay 100\nloading-process-events-interval-bytes 1024\n")
 
     monkeypatch.setattr(EmbeddedRedis, "_write_config", slow_to_load)
-    first = EmbeddedRedis(tmp_path / "out")
-    endpoint = first.start()
-    try:
-        client = observer(first.url(endpoint))
+    with started(tmp_path / "out") as client:
         client.mset({f"key-{i}": i for i in range(10_000)})  # ~1 s of loading
         # Into the AOF's base file (an RDB), whose keys are loaded one by one, each delayed.
         client.bgrewriteaof()
         wait_until(lambda: client.info("persistence")["aof_rewrite_in_progress"] == 0
                    and client.info("persistence")["aof_rewrite_scheduled"] == 0, 30, 0.05, "no AOF rewrite")
-    finally:
-        first.stop()
 
-    again = EmbeddedRedis(tmp_path / "out")
-    endpoint = again.start()
-    try:
-        assert observer(again.url(endpoint)).get("key-9999") == b"9999"
-    finally:
-        again.stop()
+    with started(tmp_path / "out") as client:
+        assert client.get("key-9999") == b"9999"
