@@ -123,6 +123,7 @@ class ManifestFields:
     CONFIG = "config"  # JSON: the run-wide config the producer hashed
     CONFIG_HASH = "config_hash"
     TOKENIZER_DIR = "tokenizer_dir"  # where the producer read the tokenizer (not hashed)
+    TRUST_REMOTE_CODE = "trust_remote_code"  # "1": the tokenizer's own code ran (--trust-remote-code)
     # With `enqueue --new-run`: the run that replaced this one, and the one this run replaced.
     SUCCESSOR = "successor"
     PREDECESSOR = "predecessor"

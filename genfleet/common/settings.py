@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     # generated token ids (independent of skip_special_tokens) and `--regenerate all` can template
     # each turn for /generate.
     tokenizer: Path | None = None
+    # Run a tokenizer's own code (`auto_map` in its tokenizer_config.json: Kimi-K2's
+    # tokenization_kimi.py), as SGLang's and vLLM's --trust-remote-code do; off, such a directory is
+    # refused before anything runs (common/tokenizer.py).
+    trust_remote_code: bool = False
     # Sent to SGLang; keep false unless `tokenizer` is set, or </think> vanishes from the text.
     skip_special_tokens: bool = False
     # Tokens between stream chunks: SGLang's default of 1 costs quadratic bytes when cumulative.

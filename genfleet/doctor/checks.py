@@ -41,11 +41,12 @@ none, and the run's records would be wrong from the first one.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -60,10 +61,12 @@ from genfleet.common.reasoning import ReasoningFormat
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.run_state import connect
 from genfleet.common.settings import Settings, printable_url
-from genfleet.common.tokenizer import load_tokenizer, render_prompts
+from genfleet.common.tokenizer import TRUST_FLAG, CustomCodeRefused, load_tokenizer, render_prompts, tokenizer_kind
 from genfleet.doctor.plan import Preflight, TemplateVariant
+from genfleet.producer.prompts import RowRejected, prompt_messages, read_row
+from genfleet.producer.readers import SourceRow, open_dataset
 from genfleet.workers.errors import GenerationError, IntegrityError
-from genfleet.workers.generation.replies import CompletionSplitter
+from genfleet.workers.generation.completion_text import CompletionSplitter
 from genfleet.workers.output import DiskGuard
 from genfleet.workers.servers.api import GenerationRequest, ServerApi, ServerDescription
 
@@ -344,12 +347,17 @@ class TemplateProbe:
     opening: Opening | None  # None: a format without think markers (Harmony) or no parser
 
 
-def tokenizer_check(path: Path | None, fmt: ReasoningFormat | None) -> tuple[Any | None, Check]:
-    """The tokenizer (None when unusable) and its row: vocabulary, and the parser's markers."""
+def tokenizer_check(path: Path | None, fmt: ReasoningFormat | None, *,
+                    trust_remote_code: bool = False) -> tuple[Any | None, Check]:
+    """The tokenizer (None when unusable) and its row: its kind (fast, or custom code and whether it
+    may run), vocabulary, and the parser's markers."""
     if path is None:
         return None, fail("tokenizer", "no tokenizer given", "pass --tokenizer DIR (or `tokenizer` in the run file)")
     try:
-        tokenizer = load_tokenizer(path)
+        kind = tokenizer_kind(path)
+        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    except CustomCodeRefused as error:
+        return None, fail("tokenizer", str(error), f"pass {TRUST_FLAG} if you trust the model's code")
     except Exception as error:  # noqa: BLE001 - transformers and tokenizers raise many kinds for a bad dir
         text = str(error) if str(path) in str(error) else f"{path}: {error}"
         return None, fail("tokenizer", text, MODEL_TOKENIZER_FIX)
@@ -364,7 +372,36 @@ def tokenizer_check(path: Path | None, fmt: ReasoningFormat | None) -> tuple[Any
                                            "--reasoning-parser")
         found.append(f"{piece} = {ids[0]}")
     markers_text = f"; {', '.join(found)}" if found else ""
-    return tokenizer, ok("tokenizer", f"{path}: vocab {len(tokenizer):,}, EOS {tokenizer.eos_token}{markers_text}")
+    runs = "; its code runs (--trust-remote-code)" if kind.needs_custom_code else ""
+    return tokenizer, ok("tokenizer", f"{path}: {kind.describe()}{runs}, vocab {len(tokenizer):,}, "
+                                      f"EOS {tokenizer.eos_token}{markers_text}")
+
+
+# Rows templated to measure the producer's rate: enough to pass a warm-up, few enough for a preflight.
+RATE_ROWS = 200
+
+
+def templating_rate_check(tokenizer: Any, datasets: dict[str, str], variants: Sequence[TemplateVariant]) -> Check:
+    """Prompts per second the producer's templating reaches with this tokenizer, measured on the
+    run's first rows (the probe conversation without a run file): a custom-code tokenizer is
+    Python, not Rust, and may bound the producer."""
+    conversations, source = [], "the probe conversation"
+    for name, path in datasets.items():
+        for row in open_dataset(path).rows():
+            if len(conversations) >= RATE_ROWS:
+                break
+            if isinstance(row, SourceRow):
+                with contextlib.suppress(RowRejected):
+                    conversations.append(prompt_messages(read_row(row.data).messages))
+        source = f"the first {len(conversations)} rows of {name}"
+        break
+    if not conversations:
+        conversations = [PROBE_MESSAGES] * RATE_ROWS
+    kwargs = variants[0].kwargs if variants else {}
+    started = time.perf_counter()
+    render_prompts(tokenizer, conversations, kwargs)
+    rate = len(conversations) / max(time.perf_counter() - started, 1e-9)
+    return ok("templating", f"{rate:,.0f} prompts/s on one core ({source})")
 
 
 def probe_template(tokenizer: Any, variant: TemplateVariant, fmt: ReasoningFormat | None) -> TemplateProbe:

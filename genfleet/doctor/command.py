@@ -29,6 +29,7 @@ from genfleet.doctor.checks import (
     probe_template,
     redis_checks,
     template_check,
+    templating_rate_check,
     tokenizer_check,
     upstream_check,
     variant_label,
@@ -52,8 +53,10 @@ def run_checks(preflight: Preflight) -> list[Check]:
     checks += redis_checks(preflight, timeout_s=TIMEOUT_S)
     checks.append(output_dir_check(settings.output_dir, min_free_disk_mb=settings.min_free_disk_mb))
     fmt = get_format(settings.reasoning_parser)
-    tokenizer, tokenizer_row = tokenizer_check(settings.tokenizer, fmt)
+    tokenizer, tokenizer_row = tokenizer_check(settings.tokenizer, fmt, trust_remote_code=settings.trust_remote_code)
     checks.append(tokenizer_row)
+    if tokenizer is not None:
+        checks.append(templating_rate_check(tokenizer, preflight.datasets, preflight.variants))
     probes = []
     for variant in preflight.variants if tokenizer is not None else ():
         try:
@@ -104,6 +107,10 @@ def doctor_command(
         help="The run's TOML file: its tokenizer, datasets, queue depth, context length, thinking")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="The model's local tokenizer directory (default: the run file's, else GENFLEET_TOKENIZER)")] = None,
+    trust_remote_code: Annotated[Optional[bool], typer.Option(
+        "--trust-remote-code", help="Run the tokenizer's own code (auto_map), as the servers' flag of that name "
+                                    "(default: the run file's, else GENFLEET_TRUST_REMOTE_CODE)",
+        show_default=False)] = None,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: the run file's, else GENFLEET_REDIS_URL")] = None,
     output_dir: Annotated[Optional[Path], typer.Option(help="Where workers write shards (GENFLEET_OUTPUT_DIR)")] = None,
     reasoning_parser: Annotated[Optional[str], typer.Option(
@@ -117,7 +124,8 @@ def doctor_command(
 ) -> None:
     """Preflight before a long run: Redis, upstreams, tokenizer and chat template, output dir, clocks."""
     flags = DoctorFlags(upstreams=tuple(upstream or ()), run_file=run_file, redis_url=redis_url,
-                        output_dir=output_dir, tokenizer=tokenizer, reasoning_parser=reasoning_parser,
+                        output_dir=output_dir, tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                        reasoning_parser=reasoning_parser,
                         max_queue_depth=max_queue_depth, prompt_tokens=prompt_tokens)
     try:
         preflight = resolve_preflight(flags)

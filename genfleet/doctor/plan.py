@@ -29,6 +29,7 @@ class DoctorFlags:
     redis_url: str | None = None
     output_dir: Path | None = None
     tokenizer: str | None = None
+    trust_remote_code: bool | None = None
     reasoning_parser: str | None = None
     max_queue_depth: int | None = None
     prompt_tokens: int = 2048
@@ -63,7 +64,8 @@ def resolve_preflight(flags: DoctorFlags) -> Preflight:
         settings = settings_with(
             upstreams=list(flags.upstreams) or None, redis_url=flags.redis_url or top.redis_url,
             output_dir=flags.output_dir, reasoning_parser=flags.reasoning_parser,
-            tokenizer=flags.tokenizer or top.tokenizer)
+            tokenizer=flags.tokenizer or top.tokenizer,
+            trust_remote_code=flags.trust_remote_code or top.trust_remote_code)
     except SettingsError as error:
         raise PreflightError(str(error)) from None
     _validate(settings, flags)

@@ -150,6 +150,9 @@ def export_command(
     format_name: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}")],
     tokenizer: Annotated[Optional[Path], typer.Option(
         help="tokenized: the model's tokenizer directory (default: the run's, from Redis)")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="tokenized: run the tokenizer's own code (auto_map), as the servers' flag "
+                                    "(default: as the run was enqueued)")] = False,
     chat_template_kwargs: Annotated[Optional[str], typer.Option(
         help='tokenized: JSON for every dataset, e.g. \'{"thinking": false}\' (default: as enqueued)')] = None,
     drop_truncated: Annotated[bool, typer.Option(
@@ -204,7 +207,7 @@ def export_command(
         # embedded one of a `genfleet run` job on one of the --from directories.
         ledger, reconciler = (_open_run(err, run, stack.enter_context(reach_redis(redis_url, *from_dirs)))
                               if reconcile else (None, None))
-        built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs))
+        built = _build_format(format_name, FormatInputs(ledger, tokenizer, chat_template_kwargs, trust_remote_code))
         started = time.monotonic()
         report = _export(err, options, built, ledger, reconciler)
     _show(err, report, started)

@@ -315,6 +315,7 @@ class FormatInputs:
     `--no-reconcile`) and the command's tokenizer options."""
     ledger: RunLedger | None = None
     tokenizer: Path | None = None  # --tokenizer
+    trust_remote_code: bool = False  # --trust-remote-code, or the run's as enqueued
     chat_template_kwargs: str | None = None  # --chat-template-kwargs, JSON
 
 
@@ -365,7 +366,10 @@ def _build_tokenized(inputs: FormatInputs) -> BuiltFormat:
         if not isinstance(default_kwargs, dict):
             raise ValueError("--chat-template-kwargs must be a JSON object")
     per_dataset = ledger.chat_template_kwargs() if ledger is not None else {}
-    return BuiltFormat(TokenizedFormat(load_tokenizer(directory), per_dataset, default_kwargs=default_kwargs),
+    trusted = inputs.trust_remote_code or (
+        ledger is not None and ledger.manifest.get(ManifestFields.TRUST_REMOTE_CODE) == "1")
+    tokenizer = load_tokenizer(directory, trust_remote_code=trusted)
+    return BuiltFormat(TokenizedFormat(tokenizer, per_dataset, default_kwargs=default_kwargs),
                        directory)
 
 

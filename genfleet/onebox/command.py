@@ -100,6 +100,8 @@ def run_command(
         run=run, upstreams=tuple(upstream), out=out or Settings().output_dir,
         enqueue_args=tuple(enqueue_arguments(enqueue_options)), redis_url=redis_url,
         tokenizer=enqueue_options.get("tokenizer") or (run_file.tokenizer if run_file else None),
+        trust_remote_code=bool(enqueue_options.get("trust_remote_code")
+                               or (run_file is not None and run_file.trust_remote_code)),
         concurrency={"short": short_concurrency, "long": long_concurrency}, in_flight=in_flight, api=api,
         listen=parsed_listen, flower_port=flower_port if flower else None, serve_port=serve,
         progress_every_s=progress_every, export_format=export, export_to=export_to,

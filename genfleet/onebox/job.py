@@ -63,6 +63,7 @@ class JobPlan:
     enqueue_args: tuple[str, ...]  # `genfleet enqueue` arguments, every one the user gave
     redis_url: str | None  # named by the user (flag, run file or GENFLEET_REDIS_URL); None: embedded
     tokenizer: str | None = None
+    trust_remote_code: bool = False  # the workers may run the tokenizer's own code, as the producer
     concurrency: dict[str, int | None] = field(default_factory=lambda: {"short": None, "long": None})
     in_flight: str | None = None
     api: str | None = None
@@ -277,6 +278,8 @@ class Job:
         for flag, value in (("--in-flight", plan.in_flight), ("--api", plan.api), ("--tokenizer", plan.tokenizer)):
             if value is not None:
                 args += [flag, value]
+        if plan.trust_remote_code:
+            args.append("--trust-remote-code")
         self.processes.start(f"worker-{pool}", *genfleet("worker", *args))
         self.pools_started.add(pool)
 

@@ -62,6 +62,10 @@ def enqueue_command(
         show_default=False)] = None,
     run: Annotated[str | None, typer.Option(help="Run id: all state and output of the run is keyed by it")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Local model/tokenizer directory with a chat template")] = None,
+    trust_remote_code: Annotated[bool | None, typer.Option(
+        "--trust-remote-code", help="Run the tokenizer's own code (auto_map in tokenizer_config.json, e.g. "
+                                    "Kimi-K2's tokenization_kimi.py), as the servers' flag of that name "
+                                    "(default: GENFLEET_TRUST_REMOTE_CODE, else off)", show_default=False)] = None,
     run_file: Annotated[Path | None, typer.Option(
         help="TOML file naming the datasets and their options; flags override it")] = None,
     long_threshold: Annotated[int | None, typer.Option(
@@ -142,6 +146,7 @@ def enqueue_command(
         "--samples": samples}, pairs, flags))
     cli = CliOptions(
         datasets=tuple(_parse_spec(text) for text in datasets or ()), run=run, tokenizer=tokenizer,
+        trust_remote_code=trust_remote_code or None,
         redis_url=verify_tls_by_default(redis_url) if redis_url else None, long_threshold=long_threshold,
         max_new_tokens_short=max_new_tokens_short,
         max_new_tokens_long=max_new_tokens_long, max_new_tokens=max_new_tokens, context_length=context_length,
@@ -167,7 +172,7 @@ def enqueue_command(
                           "/generate's token ids to continue exactly)", soft_wrap=True)
         for dataset in config.datasets:
             open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
-        templater = PromptTemplater(config.tokenizer)
+        templater = PromptTemplater(config.tokenizer, trust_remote_code=config.trust_remote_code)
         if dry_run:
             _dry_run(config, templater)
         else:

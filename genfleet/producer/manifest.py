@@ -90,6 +90,7 @@ class Manifest:
             ManifestFields.CONFIG: _canonical(identity.run),
             ManifestFields.CONFIG_HASH: config_hash(identity.run),
             ManifestFields.TOKENIZER_DIR: config.tokenizer,
+            ManifestFields.TRUST_REMOTE_CODE: int(config.trust_remote_code),
         }
         if predecessor:
             fields[ManifestFields.PREDECESSOR] = predecessor

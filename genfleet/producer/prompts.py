@@ -206,9 +206,10 @@ def choose_partition(prompt_tokens: int, *, pinned: str | None, max_new_tokens_s
 
 
 class PromptTemplater:
-    def __init__(self, tokenizer_dir: str, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer_dir: str, chat_template_kwargs: dict[str, Any] | None = None, *,
+                 trust_remote_code: bool = False) -> None:
         self.tokenizer_dir = tokenizer_dir
-        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         self.chat_template_kwargs = chat_template_kwargs or {}
         # The Rust tokenizer behind a fast tokenizer: its batch encode runs on every core and
         # `encode_batch_fast` skips the offsets nobody here reads.

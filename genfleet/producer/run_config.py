@@ -12,6 +12,7 @@ so a typo never silently falls back to a default.
 
     run = "r1"
     tokenizer = "/models/Kimi-K2.5"
+    trust_remote_code = true                # Kimi's tokenizer is custom code (tokenization_kimi.py)
     context_length = 131072
     thinking = true
     [sampling]
@@ -187,6 +188,7 @@ class DatasetEntry(_Strict):
 class RunFile(_Strict):
     run: str | None = None
     tokenizer: str | None = None
+    trust_remote_code: bool | None = None
     redis_url: str | None = None
     context_length: int | None = Field(default=None, ge=1)
     context_rule: ContextRule | None = None
@@ -279,6 +281,7 @@ class CliOptions:
     datasets: tuple[DatasetSpec, ...] = ()
     run: str | None = None
     tokenizer: str | None = None
+    trust_remote_code: bool | None = None
     redis_url: str | None = None
     long_threshold: int | None = None
     max_new_tokens_short: int | None = None
@@ -355,6 +358,8 @@ class RunConfig:
     tokenizer: str
     redis_url: str
     datasets: tuple[DatasetConfig, ...]
+    # The tokenizer's own code may run (--trust-remote-code); recorded in the run's manifest.
+    trust_remote_code: bool
     long_threshold: int
     context_length: int | None  # None: the tokenizer's model_max_length
     # "reserve": reject a prompt when prompt + max_new_tokens exceeds the context;
@@ -409,6 +414,7 @@ def resolve(cli: CliOptions, run_file: RunFile | None, settings: Settings) -> Ru
                           f"dataset {staged[0]!r} has --regenerate all")
     return RunConfig(
         run=run, tokenizer=tokenizer,
+        trust_remote_code=_first(cli.trust_remote_code, top.trust_remote_code, default=settings.trust_remote_code),
         redis_url=_first(cli.redis_url, top.redis_url, default=settings.redis_url),
         datasets=datasets,
         long_threshold=_first(cli.long_threshold, top.long_threshold, default=settings.long_threshold_tokens),

@@ -32,6 +32,9 @@ def worker_command(
         help="generate (native /generate, default) or chat (/v1/chat/completions)")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Local model dir: split reasoning on token ids; needed by --regenerate all over /generate")] = None,
+    trust_remote_code: Annotated[Optional[bool], typer.Option(
+        "--trust-remote-code", help="Run the tokenizer's own code (auto_map), as the servers' flag of that name "
+                                    "(default: GENFLEET_TRUST_REMOTE_CODE)", show_default=False)] = None,
     redis_url: Annotated[Optional[str], typer.Option(help="Default: GENFLEET_REDIS_URL")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(
         help="Prometheus /metrics port (default GENFLEET_METRICS_PORT, else 9650 short / 9651 long; 0: off)")] = None,
@@ -46,7 +49,8 @@ def worker_command(
         usage_error(f"--in-flight must be one of {', '.join(choices(InFlight))}, not {in_flight!r}")
     try:
         settings = settings_with(pool=pool, upstreams=upstream, concurrency=concurrency, in_flight_mode=in_flight,
-                                 api=api, tokenizer=tokenizer, redis_url=redis_url, metrics_port=metrics_port)
+                                 api=api, tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                                 redis_url=redis_url, metrics_port=metrics_port)
     except SettingsError as error:
         usage_error(str(error))
     for url in settings.upstreams:  # a bad URL fails here, not on every attempt

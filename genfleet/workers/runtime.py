@@ -22,8 +22,8 @@ from genfleet.common.tokenizer import BackgroundTokenizer
 from genfleet.workers.admission import AdmissionControl
 from genfleet.workers.delivery import Blackout, LeaseKeeper, Reaper
 from genfleet.workers.errors import ShutdownRequested
+from genfleet.workers.generation.completion_text import CompletionSplitter
 from genfleet.workers.generation.first_cap import FirstCaps
-from genfleet.workers.generation.replies import CompletionSplitter
 from genfleet.workers.output import DiskGuard, ShardSet
 from genfleet.workers.servers.api import ServerApi
 from genfleet.workers.servers.kinds import AnyServer
@@ -70,7 +70,8 @@ class WorkerRuntime:
         # A host whose breaker closes again may have restarted with other settings.
         upstreams.on_recovered = server.forget
         name = f"{settings.pool}-{socket.gethostname()}-{os.getpid()}"
-        tokenizer = (BackgroundTokenizer(settings.tokenizer, on_failure=stop_this_worker, unavailable=ShutdownRequested)
+        tokenizer = (BackgroundTokenizer(settings.tokenizer, on_failure=stop_this_worker, unavailable=ShutdownRequested,
+                                         trust_remote_code=settings.trust_remote_code)
                      if settings.tokenizer else None)
         client_redis = connect(settings.redis_url)
         blackout = Blackout()  # the heartbeat and the reaper of this process share what they saw of Redis

@@ -12,7 +12,7 @@ from helpers.waits import wait_until
 from genfleet.common.tokenizer import render_prompts
 from genfleet.sim.completion import LengthModel, plan_completion
 from genfleet.workers.errors import PermanentError, StreamStalled, TransientError, UpstreamAborted
-from genfleet.workers.generation.replies import CompletionSplitter
+from genfleet.workers.generation.completion_text import CompletionSplitter
 from genfleet.workers.servers.api import GenerationRequest
 from genfleet.workers.servers.sglang import SglangServer
 

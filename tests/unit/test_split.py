@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from genfleet.workers.errors import IntegrityError
-from genfleet.workers.generation.replies import CompletionSplitter
+from genfleet.workers.generation.completion_text import CompletionSplitter
 from genfleet.workers.servers.api import Generation
 
 REASONING, CONTENT = " the user asks hi.", "Hello there"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from genfleet.common.tokenizer import load_tokenizer
 from genfleet.workers.errors import IntegrityError, PermanentError, TransientError, UpstreamAborted
-from genfleet.workers.generation.replies import CompletionSplitter
+from genfleet.workers.generation.completion_text import CompletionSplitter
 from genfleet.workers.servers.api import Generation, GenerationRequest
 from genfleet.workers.servers.vllm import (
     CompletionStreamAssembler,

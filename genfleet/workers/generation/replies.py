@@ -12,18 +12,9 @@ Each reply is routed to an upstream (`workers/upstreams.py`) and streamed throug
 (`workers/servers/`) with the loop guard watching; a continued completion resumes from the ids its
 earlier parts generated, and its parts are joined before the split (`joined`).
 
-Splitting a generation into reasoning and content, exactly as the model produced them
-(`CompletionSplitter`):
-- over the chat API: the server split them already.
-- with token ids and the model's tokenizer at hand: the ids are decoded and must give the server's
-  text (`IntegrityError` otherwise); the split runs on the decoding with special tokens kept, so it
-  does not depend on the server's `skip_special_tokens`.
-- with text alone: split the text, which is why requests ask `skip_special_tokens: false`.
-The server's text leaves out a matched stop token while its ids keep it (SGLang 0.5.23
-`managers/detokenizer_manager.py::trim_matched_stop` drops the last id before decoding when the
-match is a token id; `schedule_batch.py` sets `finished_len = matched_pos + 1`), so the decoding is
-compared both with and without that last id. A matched stop *string* is cut from the text, so there
-the text need only be a prefix of the decoding.
+Reasoning is split from content by the runtime's `CompletionSplitter`
+(`workers/generation/completion_text.py`), over the text the ids give as the server decoded them:
+after the prompt's last ids (`Generation.prompt_context`, set here).
 
 What a completion cut at max_new_tokens becomes (`--on-truncated`), decided once it is assembled:
 - `keep`: the record is written as cut (`finish_reason: "length"`).
@@ -45,20 +36,21 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from genfleet.common.queues import LONG
-from genfleet.common.reasoning import ReasoningSplit, get_format, split_reasoning, starts_in_reasoning
+from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
-from genfleet.workers.errors import BudgetSpent, GenerationError, IntegrityError, PermanentError
+from genfleet.workers.errors import BudgetSpent, GenerationError, PermanentError
+from genfleet.workers.generation.completion_text import PROMPT_CONTEXT_IDS, decode_after
 from genfleet.workers.generation.first_cap import next_stage
 from genfleet.workers.generation.loop_guard import LoopThresholds, StreamWatch
 from genfleet.workers.servers.api import Generation, GenerationRequest, ModelIdentity
 
-if TYPE_CHECKING:  # the runtime holds this module's splitter
+if TYPE_CHECKING:  # the runtime is handed in; it never imports this module
     from genfleet.workers.runtime import WorkerRuntime
 
 Message = dict[str, Any]
@@ -275,7 +267,11 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
     """The reply to `prompt`: with the earlier parts of a continued completion joined in front."""
     settings, pool = runtime.settings, runtime.upstreams
     prior = Continuation.of(payload)
-    input_ids = None if settings.api == "chat" else prompt_with_prefix(prompt_ids(payload, runtime, prompt), prior)
+    own_ids = None if settings.api == "chat" else prompt_ids(payload, runtime, prompt)
+    input_ids = prompt_with_prefix(own_ids, prior)
+    # What the server decodes the completion after: the prompt's last ids (a continued part's
+    # text is decoded again whole, after the same ids: `joined`).
+    context = tuple(own_ids[-PROMPT_CONTEXT_IDS:]) if own_ids else ()
     watch = loop_watch(payload, runtime, prior)
     stop = runtime.should_stop  # the worker's shutdown, or this copy's message delivered again
     # Before any GPU time is spent: a record that cannot be written is work thrown away.
@@ -299,7 +295,8 @@ def stream_reply(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict
             pool.report(upstream, ok=not error.blames_upstream)
             raise
         pool.report(upstream, ok=True)
-        return joined(prior, generation, decode=exact_decoder(runtime)), upstream
+        generation = replace(generation, prompt_context=context)
+        return joined(prior, generation, decode=exact_decoder(runtime, context)), upstream
 
 
 def in_reasoning(payload: TaskPayload, parser: str, prior: Continuation | None) -> bool:
@@ -312,15 +309,15 @@ def in_reasoning(payload: TaskPayload, parser: str, prior: Continuation | None) 
     return prior is None or prior.reasoning_tokens >= prior.completion_tokens
 
 
-def exact_decoder(runtime: WorkerRuntime) -> Callable[[list[int]], str] | None:
+def exact_decoder(runtime: WorkerRuntime, context: Sequence[int]) -> Callable[[list[int]], str] | None:
     """With the model's tokenizer on the worker, a continued completion's text is decoded from its
-    joined ids: each part's server text is decoded on its own, so a character whose bytes a cut
-    split would be lost (a replacement character at the end of one part, the rest of its bytes
-    dropped at the start of the next)."""
+    joined ids, after the prompt's `context` as the server decodes: each part's server text is
+    decoded on its own, so a character whose bytes a cut split would be lost (a replacement
+    character at the end of one part, the rest of its bytes dropped at the start of the next)."""
     tokenizer, skip = runtime.tokenizer, runtime.settings.skip_special_tokens
     if tokenizer is None:
         return None
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip)
+    return lambda ids: decode_after(tokenizer, context, ids, skip_special_tokens=skip)
 
 
 def affinity_key(payload: TaskPayload) -> bytes:
@@ -378,92 +375,3 @@ def prompt_ids(payload: TaskPayload, runtime: WorkerRuntime, prompt: list[dict])
         raise PermanentError("--regenerate all over /generate needs the model's tokenizer on the worker: "
                              "set GENFLEET_TOKENIZER=/path/to/model (or GENFLEET_API=chat)")
     return render_prompts(runtime.tokenizer, [prompt], payload.chat_template_kwargs)[0]
-
-
-# What a decoder shows for bytes that are not (yet) a whole UTF-8 character.
-REPLACEMENT = "\ufffd"
-
-# Tokens that end a turn or a sequence; they carry no text of the model's.
-TURN_END_TOKENS = ("<|im_end|>", "[EOS]", "[EOT]", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",
-                   "<｜end▁of▁sentence｜>", "<|return|>", "</s>")
-
-
-class CompletionSplitter:
-    def __init__(self, parser: str, tokenizer: Any | None = None, *, skip_special_tokens: bool = False) -> None:
-        self.parser = parser
-        self.tokenizer = tokenizer
-        # What the requests asked the server for: the text it sent is decoded that way.
-        self.skip_special_tokens = skip_special_tokens
-        self._strip_tokens: tuple[str, ...] | None = None
-
-    @property
-    def _strip(self) -> tuple[str, ...]:
-        """The end tokens stripped from a completion's end: read from the tokenizer at first use (a
-        worker's may still be loading when it is built: common/tokenizer.py)."""
-        if self._strip_tokens is None:
-            strip = set(TURN_END_TOKENS)
-            if self.tokenizer is not None:
-                strip |= {t for t in (self.tokenizer.eos_token, self.tokenizer.bos_token, self.tokenizer.pad_token)
-                          if t}
-            self._strip_tokens = tuple(sorted(strip, key=len, reverse=True))
-        return self._strip_tokens
-
-    def split(self, generation: Generation, chat_template_kwargs: Mapping[str, Any] | None) -> ReasoningSplit:
-        if generation.reasoning is not None or generation.content is not None:
-            return ReasoningSplit(generation.reasoning or "", generation.content or "",
-                                  closed=bool(generation.content))
-        text = generation.text
-        if self.tokenizer is not None and generation.output_ids:
-            text = self.checked_text(generation)
-        split = split_reasoning(text, self.parser, chat_template_kwargs)
-        return ReasoningSplit(self._clean(split.reasoning), self._clean(split.content), split.closed)
-
-    def checked_text(self, generation: Generation) -> str:
-        """The completion's text with special tokens kept, once the ids are shown to decode to the
-        server's text; raises IntegrityError when they do not."""
-        assert self.tokenizer is not None  # called only with a tokenizer: by split, and by doctor with one
-        ids, text = generation.output_ids or [], generation.text
-        matched = generation.matched_stop
-        surfaces = [ids[:-1], ids] if generation.stop_token else [ids]
-        # A stream the loop guard cut ended on a chunk whose text may lag its ids (SGLang holds back
-        # an incomplete character until a later chunk): the ids' decoding extends the text then.
-        cut = generation.finish == "loop"
-        for surface in surfaces:
-            shown = self.tokenizer.decode(surface, skip_special_tokens=self.skip_special_tokens)
-            if shown == text or ((isinstance(matched, str) or cut) and shown.startswith(text)):
-                if cut and not self.skip_special_tokens:
-                    return shown
-                return text if not self.skip_special_tokens else self._kept(surface, matched)
-            # The stream ended inside a character: the cap, or a stop token, came after its first
-            # bytes. vLLM leaves what it cannot show yet out of its text, and ends there (0.32.0
-            # `v1/engine/detokenizer.py` `FastIncrementalDetokenizer`: tokenizers' DecodeStream yields
-            # text only for whole characters; `tokenizers/detokenizer_utils.py` holds back a text
-            # that ends in U+FFFD), the stop token's own text left out as well. Its record is its
-            # text; a continuation decodes the joined ids whole.
-            ended_inside = generation.finish == "length" or (generation.stop_token and len(surface) < len(ids))
-            if ended_inside and shown.startswith(text) and not shown[len(text):].strip(REPLACEMENT):
-                return text if not self.skip_special_tokens else self._kept(surface, matched).rstrip(REPLACEMENT)
-        raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
-                             f"({len(text)} characters; {_first_difference(shown, text)})")
-
-    def _kept(self, ids: list[int], matched: object) -> str:
-        """The ids decoded with special tokens kept, cut where the server cut a matched stop string."""
-        assert self.tokenizer is not None  # called by checked_text only
-        kept = self.tokenizer.decode(ids, skip_special_tokens=False)
-        at = kept.find(matched) if isinstance(matched, str) and matched else -1
-        return kept if at == -1 else kept[:at]
-
-    def _clean(self, text: str) -> str:
-        # Only at the end: a model may write "</s>" inside its answer (HTML), and that is data.
-        stripped = True
-        while stripped:
-            stripped = False
-            for token in self._strip:
-                if text.endswith(token):
-                    text, stripped = text[: -len(token)], True
-        return text
-
-
-def _first_difference(decoded: str, text: str) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(decoded, text, strict=False)) if a != b), min(len(decoded), len(text)))
-    return f"they differ at character {at}: decoded {decoded[at:at + 20]!r}, streamed {text[at:at + 20]!r}"

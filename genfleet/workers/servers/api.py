@@ -92,6 +92,9 @@ class Generation:
     # The raw text (special tokens kept) and ids, split by the worker...
     text: str = ""
     output_ids: list[int] | None = None
+    # The prompt's last ids, which the server decoded `output_ids` after (the worker decodes them
+    # the same way: workers/generation/completion_text.py).
+    prompt_context: tuple[int, ...] = ()
     # ...or, over the chat API, split by the server already.
     reasoning: str | None = None
     content: str | None = None
