@@ -83,6 +83,11 @@ def completion_body(request: GenerationRequest, model: str, request_id: str) -> 
         **vllm_sampling(dict(request.sampling)), "max_tokens": request.max_new_tokens,
         # Keep </think> in the text: with it skipped, reasoning silently merges into content.
         "skip_special_tokens": request.skip_special_tokens,
+        # vLLM's default (0.32.0 `sampling_params.py`, True) has its slow detokenizer, the one a
+        # custom-code tokenizer such as Kimi's gets (`tokenizers/detokenizer_utils.py`
+        # `detokenize_incrementally`), put a space before each added token the model wrote: text it
+        # never generated, which no decoding of the ids gives.
+        "spaces_between_special_tokens": False,
         "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "return_token_ids": True, "stream_interval": request.stream_interval, "request_id": request_id,
     }
