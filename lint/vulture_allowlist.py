@@ -61,3 +61,9 @@ _.__signature__
 # The `genfleet` commands, imported by name when their command runs (genfleet/cli.py COMMANDS).
 run_command, enqueue_command, worker_command, status_command, sim_command, flower_command
 failures_command, requeue_command, recover_command, export_command, doctor_command, demo_command
+
+# The Kimi-shaped stand-in tokenizer (tests/model_shapes/kimi/tokenization_kimi.py): transformers'
+# AutoTokenizer loads the class named by auto_map and calls these by name; `normalizer` is a
+# tokenizers.Tokenizer property, read by the library (tests/model_shapes/shapes.py).
+TikTokenTokenizer, vocab_files_names, model_input_names, pad_id, _tokenize, _convert_token_to_id
+_convert_id_to_token, convert_tokens_to_string, save_vocabulary, filename_prefix, save_directory, normalizer

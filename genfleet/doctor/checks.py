@@ -385,7 +385,8 @@ def templating_rate_check(tokenizer: Any, datasets: dict[str, str], variants: Se
     """Prompts per second the producer's templating reaches with this tokenizer, measured on the
     run's first rows (the probe conversation without a run file): a custom-code tokenizer is
     Python, not Rust, and may bound the producer."""
-    conversations, source = [], "the probe conversation"
+    conversations: list[list[dict[str, Any]]] = []
+    source = "the probe conversation"
     for name, path in datasets.items():
         for row in open_dataset(path).rows():
             if len(conversations) >= RATE_ROWS:

@@ -315,8 +315,8 @@ class FormatInputs:
     `--no-reconcile`) and the command's tokenizer options."""
     ledger: RunLedger | None = None
     tokenizer: Path | None = None  # --tokenizer
-    trust_remote_code: bool = False  # --trust-remote-code, or the run's as enqueued
     chat_template_kwargs: str | None = None  # --chat-template-kwargs, JSON
+    trust_remote_code: bool = False  # --trust-remote-code, or the run's as enqueued
 
 
 class BuiltFormat(NamedTuple):

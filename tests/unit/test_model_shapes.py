@@ -28,7 +28,8 @@ def test_a_custom_code_tokenizer_is_refused_without_the_flag_naming_its_file_and
     message = str(refused.value)
     assert "tokenization_kimi.py" in message and "--trust-remote-code" in message and str(directory) in message
     assert "\n" not in message
-    assert tokenizer_kind(directory).describe() == "custom code tokenization_kimi.TikTokenTokenizer (tokenization_kimi.py)"
+    described = tokenizer_kind(directory).describe()
+    assert described == "custom code tokenization_kimi.TikTokenTokenizer (tokenization_kimi.py)"
     assert type(load_tokenizer(directory, trust_remote_code=True)).__name__ == "TikTokenTokenizer"
 
 
