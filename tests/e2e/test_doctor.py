@@ -76,10 +76,10 @@ def test_the_sample_setup_passes_with_one_row_per_check(sim, redis_url, tmp_path
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
             for line in result.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
     assert rows == {"Redis": "OK", "Redis durability": "OK", "Redis memory": "WARN", "clock vs Redis": "OK",
-                    "output dir": "OK", "tokenizer": "OK", "chat template": "OK", f"upstream {sim.url}": "OK",
-                    f"test generation {sim.url}": "OK"}, result.stdout
+                    "output dir": "OK", "tokenizer": "OK", "templating": "OK", "chat template": "OK",
+                    f"upstream {sim.url}": "OK", f"test generation {sim.url}": "OK"}, result.stdout
     assert "maxmemory 0" in result.stdout  # the session's Redis has no memory limit: a warning, not a failure
-    assert "8 ok, 1 warnings, 0 failed" in result.stdout
+    assert "9 ok, 1 warnings, 0 failed" in result.stdout
     assert not any((tmp_path / "output").iterdir()), "the probe file was left behind"
 
 
