@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenizers.decoders import DecodeStream
+
 from genfleet.common.reasoning import ReasoningSplit, split_reasoning
 from genfleet.workers.errors import IntegrityError
 from genfleet.workers.servers.api import Generation
@@ -47,6 +49,47 @@ def decode_after(tokenizer: Any, context: Sequence[int], ids: Sequence[int], *, 
         return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
     before = tokenizer.decode(list(context), skip_special_tokens=skip_special_tokens)
     return tokenizer.decode([*context, *ids], skip_special_tokens=skip_special_tokens)[len(before):]
+
+
+# tokenizers' `DecodeStream.step` raises this when a decoding no longer extends the text already sent
+# (0.23 `tokenizers/src/tokenizer/mod.rs`): a byte-fallback byte that a later byte turns from U+FFFD
+# into part of another character.
+INVALID_PREFIX = "Invalid prefix encountered"
+
+
+def decode_streamed(tokenizer: Any, context: Sequence[int], ids: Sequence[int], *,
+                    skip_special_tokens: bool) -> str | None:
+    """`ids`' text as vLLM 0.32.0's fast detokenizer streams it after `context`
+    (`v1/engine/detokenizer.py` `FastIncrementalDetokenizer`), or None for a tokenizer without a Rust
+    backend (vLLM decodes those with its slow path, which `decode_after` follows).
+
+    It is tokenizers' `DecodeStream` primed with the prompt's ids, stepped id by id, and differs from
+    `decode_after` where that stream raises `INVALID_PREFIX`: vLLM then starts a fresh stream at the
+    id that raised (`_protected_step`, vLLM issue #17448), so the text the old stream held back, a
+    U+FFFD and what followed it in that step, is never sent, though the ids keep it. With
+    `spaces_between_special_tokens` false (what the worker asks: servers/vllm.py) an added token right
+    after another is sent as its bare content (`decode_next`)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    stream = DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+    added = {} if skip_special_tokens else {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
+    pieces: list[str] = []
+    after_added = False
+    for token in ids:
+        try:
+            piece = stream.step(backend, token)
+        except Exception as error:  # tokenizers raises a bare Exception
+            if not str(error).startswith(INVALID_PREFIX):
+                raise
+            stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            piece = stream.step(backend, token)
+        content = added.get(token)
+        if content is not None and after_added:
+            piece = content
+        after_added = content is not None
+        pieces.append(piece or "")
+    return "".join(pieces)
 
 
 # What a decoder shows for bytes that are not (yet) a whole UTF-8 character.
@@ -97,8 +140,8 @@ class CompletionSplitter:
         # A stream the loop guard cut ended on a chunk whose text may lag its ids (SGLang holds back
         # an incomplete character until a later chunk): the ids' decoding extends the text then.
         cut = generation.finish == "loop"
-        for surface in surfaces:
-            shown = self._decode(generation.prompt_context, surface, skip_special_tokens=self.skip_special_tokens)
+        decodings = self._decodings(generation, surfaces)
+        for surface, shown in decodings:
             if shown == text or ((isinstance(matched, str) or cut) and shown.startswith(text)):
                 if cut and not self.skip_special_tokens:
                     return shown
@@ -114,8 +157,21 @@ class CompletionSplitter:
                 if not self.skip_special_tokens:
                     return text
                 return self._kept(generation.prompt_context, surface, matched).rstrip(REPLACEMENT)
+        decoded = decodings[len(surfaces) - 1][1]  # all the ids, decoded after the prompt's
         raise IntegrityError(f"stream integrity: the {len(ids)} output ids do not decode to the streamed text "
-                             f"({len(text)} characters; {_first_difference(shown, text)})")
+                             f"({len(text)} characters; {_first_difference(decoded, text)})")
+
+    def _decodings(self, generation: Generation, surfaces: list[list[int]]) -> list[tuple[list[int], str]]:
+        """Each surface's text as the server would have sent it: decoded after the prompt's ids and,
+        from vLLM's fast detokenizer, as its stream decodes them (`decode_streamed`)."""
+        context, skip = generation.prompt_context, self.skip_special_tokens
+        decodings = [(surface, self._decode(context, surface, skip_special_tokens=skip)) for surface in surfaces]
+        if generation.decode_stream:
+            for surface in surfaces:
+                streamed = decode_streamed(self.tokenizer, context, surface, skip_special_tokens=skip)
+                if streamed is not None:
+                    decodings.append((surface, streamed))
+        return decodings
 
     def _decode(self, context: Sequence[int], ids: list[int], *, skip_special_tokens: bool) -> str:
         return decode_after(self.tokenizer, context, ids, skip_special_tokens=skip_special_tokens)

@@ -95,6 +95,9 @@ class Generation:
     # The prompt's last ids, which the server decoded `output_ids` after (the worker decodes them
     # the same way: workers/generation/completion_text.py).
     prompt_context: tuple[int, ...] = ()
+    # The server detokenized with tokenizers' `DecodeStream` (vLLM's fast detokenizer), whose text
+    # can leave out what the ids decode to (workers/generation/completion_text.py `decode_streamed`).
+    decode_stream: bool = False
     # ...or, over the chat API, split by the server already.
     reasoning: str | None = None
     content: str | None = None

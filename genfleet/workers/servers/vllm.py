@@ -330,6 +330,7 @@ class VllmServer(HttpServerKind):
             cached_tokens=int(details.get("cached_tokens") or 0),
             first_token_s=first_token_s, duration_s=time.monotonic() - started,
             text=assembler.text, output_ids=assembler.output_ids, request_id=rid, loop=loop_of(watch),
+            decode_stream=True,
         )
 
     def _chat(self, upstream: str, request: GenerationRequest, deadline: float,
