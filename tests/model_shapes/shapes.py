@@ -254,6 +254,14 @@ def build_deepseek_r1(path: Path) -> dict:
     _write_fast(path, tokenizer, {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": True,
                                   "add_eos_token": False, "legacy": True, "bos_token": bos, "eos_token": eos,
                                   "pad_token": eos, "unk_token": None, "chat_template": DEEPSEEK_TEMPLATE})
+    # The model's own config.json beside it, as in the model's repository: its `model_type` is what
+    # makes transformers 5.19 (both servers' pin) load this ByteLevel tokenizer.json as itself
+    # (`TokenizersBackend`) and not as the LlamaTokenizer it names, which installs a Metaspace
+    # pre-tokenizer and decoder (5.19 `models/auto/tokenization_auto.py`
+    # `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS` lists `deepseek_v3`; transformers issue #45488).
+    # Without it vLLM 0.32.0 tokenized every prompt differently and streamed 'ĠOut' for ' Out'.
+    (path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"],
+                                                  "model_type": "deepseek_v3"}, indent=2))
     ids = _ids(tokenizer, bos, eos)
     return {"vocab_size": tokenizer.get_vocab_size(), "bos": ids[bos], "eos": ids[eos], "parser": "deepseek-r1",
             "thinking_kwarg": None}

@@ -1,7 +1,7 @@
 """The families' tokenizer shapes (tests/model_shapes/shapes.py) on vLLM 0.32.0's own server: one
 server per shape, its tokenizer and template served with `--tokenizer`'s directory (and
 `--trust-remote-code` for Kimi's custom code) over a tiny random model of that vocabulary
-(tests/model_shapes/model.py).
+(tests/model_shapes/model.py) in a directory of its own.
 
 - prompt ids: what `genfleet enqueue` publishes equals vLLM's own tokenization of the same messages
   and kwargs (`POST /tokenize` with `messages`, `add_generation_prompt` and `chat_template_kwargs`:
@@ -10,6 +10,7 @@ server per shape, its tokenizer and template served with `--tokenizer`'s directo
   token and text for text, none dead-lettered, the text split by the shape's parser."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,16 +30,19 @@ MAX_NEW_TOKENS = 24
 @pytest.fixture(scope="module", params=NAMES)
 def shape(request, venv: Path, tmp_path_factory) -> Iterator[tuple[str, Path, VllmProcess]]:
     name = request.param
-    model = tmp_path_factory.mktemp("shape") / name
+    # The tokenizer directory as the shape is (a family's config.json in it where it matters), the
+    # tiny model in its own directory, served with `--tokenizer` as a user serves a model whose
+    # tokenizer lives elsewhere.
+    tokenizer, model = (tmp_path_factory.mktemp("shape") / part for part in (name, "model"))
+    shutil.copytree(shape_dir(name), tokenizer)
     model.mkdir()
-    for item in shape_dir(name).iterdir():
-        (model / item.name).write_bytes(item.read_bytes())
+    shutil.copy(tokenizer / "shape.json", model / "shape.json")
     subprocess.run([str(venv / "bin" / "python"), str(SHAPES_DIR / "model.py"), str(model)], check=True,
                    capture_output=True, text=True)
-    flags = ["--trust-remote-code"] if facts(name)["trust_remote_code"] else []
+    flags = ["--tokenizer", str(tokenizer), *(["--trust-remote-code"] if facts(name)["trust_remote_code"] else [])]
     server = VllmProcess(venv, model, *flags, name=f"vllm-{name}")
     try:
-        yield name, model, server.start()
+        yield name, tokenizer, server.start()
     finally:
         server.stop()
 
