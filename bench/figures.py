@@ -106,7 +106,32 @@ def enqueue_figures(runs: list[dict]) -> list[Figure]:
                    "process start included)",
                    [r["end_to_end_per_s"] for r in runs], lambda v: f"{v:,.0f} prompts/s",
                    detail=f"enqueue alone {alone:,.0f}/s", target="≥ 10,000/s", meets=lambda v: v >= 10_000,
-                   note=partial(target_notes.enqueue_note, end_to_end, alone))]
+                   note=partial(target_notes.enqueue_note, end_to_end, alone)),
+            *chat_enqueue_figures(runs)]
+
+
+def chat_enqueue_figures(runs: list[dict]) -> list[Figure]:
+    """The same chat-length prompts through a custom-code tokenizer (Kimi-K2.5's shape, a Python
+    tokenizer templated in processes) and a fast one (Qwen3's), where the run measured them."""
+    chats = [r["chat"] for r in runs if r.get("chat")]
+    if not chats:
+        return []
+    figures = []
+    for shape, kind, target in (("kimi-k2.5", "custom-code tokenizer (Kimi-K2.5's shape: tiktoken, "
+                                 "tokenization_kimi.py)", 1_000), ("qwen3", "fast tokenizer (Qwen3's shape)", None)):
+        rates = [chat[shape] for chat in chats if shape in chat]
+        if not rates:
+            continue
+        first = rates[0]
+        tokens = first.get("mean_prompt_tokens")
+        mean = f" (~{tokens:,} tokens)" if tokens else ""
+        figures.append(Figure(
+            f"Enqueue rate, {first['prompts']:,} chat-length prompts{mean}, {kind}, process start included",
+            [r["end_to_end_per_s"] for r in rates], lambda v: f"{v:,.0f} prompts/s",
+            detail=f"enqueue alone {median([r['enqueue_per_s'] for r in rates]):,.0f}/s",
+            target=f"≥ {target:,}/s" if target else "—",
+            meets=(lambda v, t=target: v >= t) if target else None))
+    return figures
 
 
 def scaling_figures(runs: list[Scaling]) -> list[Figure]:

@@ -203,6 +203,11 @@ def _methods(results: Results) -> list[str]:
         f"- **Enqueue rate (3.1)**: `bench/enqueue_rate.py`: `genfleet enqueue` of {enqueue_prompts:,} short "
         "prompts into a throwaway redis-server, prompts ÷ the command's wall time (process start and tokenizer "
         "load included).",
+        "- **Chat-length enqueue (3.2, 3.3)**: the same script with `--chat --shape kimi-k2.5` and `--shape qwen3`: "
+        "the same seeded prompts (a system prompt and a 60-400-word user turn) templated by each family's tokenizer "
+        "directory as tests/model_shapes builds it; Kimi's is custom code (a Python tokenizer over tiktoken, "
+        "templated in one process per core: genfleet/producer/templating_processes.py), Qwen3's a fast Rust one. "
+        "The target is 83,000 prompts in under 90 s.",
         "- **Scaling (4.1, 4.2)**: N = 1, 2, 4 simulators (same capacity), one `genfleet worker --pool short "
         "--upstream` per simulator, one Redis and one producer for all; the simulators' generated tokens "
         "summed over a steady-state window (from 10% of completions until the queue runs dry or 90%, whichever "

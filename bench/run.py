@@ -49,6 +49,9 @@ from bench.results import Results, machine_info  # noqa: E402
 MEASUREMENTS = ("throughput", "onebox", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail",
                 "real", "vllm")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
+CHAT_ENQUEUE_PROMPTS = {False: 20_000, True: 2_000}
+# Kimi-K2.5's custom-code tiktoken tokenizer, and a fast one (Qwen3's shape): tests/model_shapes.
+CHAT_ENQUEUE_SHAPES = ("kimi-k2.5", "qwen3")
 EXPORT_RECORDS = {False: 1_000_000, True: 20_000}
 DEFAULT_OUT = REPO / "bench" / "results.md"
 
@@ -160,11 +163,17 @@ def _measure_scaling(results: Results, repeat: int) -> None:
 
 def _measure_enqueue_rate(results: Results, repeat: int) -> None:
     prompts = ENQUEUE_PROMPTS[results.quick]
-    log(f"enqueue rate {repeat}/{results.repeats}: {prompts:,} prompts")
+    chat_prompts = CHAT_ENQUEUE_PROMPTS[results.quick]
+    log(f"enqueue rate {repeat}/{results.repeats}: {prompts:,} prompts; {chat_prompts:,} chat-length ones with "
+        f"{' and '.join(CHAT_ENQUEUE_SHAPES)}")
     try:
         rate = standalone.enqueue_rate(prompts)
+        # The same chat-length prompts templated by a custom-code (Python) tokenizer and a fast one.
+        rate["chat"] = {shape: standalone.enqueue_rate(chat_prompts, shape=shape, chat=True)
+                        for shape in CHAT_ENQUEUE_SHAPES}
         results.enqueue.append(rate)
-        log(f"  {rate['end_to_end_per_s']:,} prompts/s end to end")
+        log(f"  {rate['end_to_end_per_s']:,} prompts/s end to end; chat-length: "
+            + ", ".join(f"{shape} {r['end_to_end_per_s']:,}/s" for shape, r in rate["chat"].items()))
     except standalone.NotMeasured as error:
         results.enqueue_error = str(error)
         log(f"  not measured: {error}")

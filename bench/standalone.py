@@ -17,10 +17,13 @@ class NotMeasured(Exception):
     """The figure could not be measured; the message says why."""
 
 
-def enqueue_rate(prompts: int, timeout: float = 600.0) -> dict:
-    """`genfleet enqueue` of `prompts` short prompts into a throwaway Redis, templating and counting
-    included: {end_to_end_per_s (process start included), enqueue_per_s (its own summary), ...}."""
-    return _run_json(ENQUEUE_SCRIPT, ["--prompts", str(prompts)], timeout)
+def enqueue_rate(prompts: int, timeout: float = 600.0, *, shape: str | None = None, chat: bool = False) -> dict:
+    """`genfleet enqueue` of `prompts` prompts into a throwaway Redis, templating and counting
+    included: {end_to_end_per_s (process start included), enqueue_per_s (its own summary), ...}.
+    Short prompts and the bundled tokenizer by default; `shape` a family's tokenizer
+    (tests/model_shapes), `chat` chat-length prompts."""
+    return _run_json(ENQUEUE_SCRIPT, ["--prompts", str(prompts), *(["--shape", shape] if shape else []),
+                                      *(["--chat"] if chat else [])], timeout)
 
 
 def export_memory(records: int, timeout: float = 1200.0) -> dict:

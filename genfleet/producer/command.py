@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -172,11 +173,12 @@ def enqueue_command(
                           "/generate's token ids to continue exactly)", soft_wrap=True)
         for dataset in config.datasets:
             open_dataset(dataset.source)  # a missing file fails now, not after an hour of the others
-        templater = PromptTemplater(config.tokenizer, trust_remote_code=config.trust_remote_code)
-        if dry_run:
-            _dry_run(config, templater)
-        else:
-            _enqueue(config, templater, new_run=new_run, recover_lost=recover_lost)
+        with PromptTemplater(config.tokenizer, trust_remote_code=config.trust_remote_code,
+                             processes=os.cpu_count() or 1) as templater:
+            if dry_run:
+                _dry_run(config, templater)
+            else:
+                _enqueue(config, templater, new_run=new_run, recover_lost=recover_lost)
     except (ConfigError, RunFileError, DatasetReadError, ConfigChanged, TokenizerNotFoundError) as error:
         _refuse([str(error)])
     except redis.RedisError as error:

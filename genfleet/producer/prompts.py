@@ -13,7 +13,8 @@ same input always yields the same ids.
 
 Which queue a prompt goes to: a pinned dataset decides, else its total token need.
 
-Applies the model's chat template and counts prompt tokens, a batch at a time (fast tokenizer).
+Applies the model's chat template and counts prompt tokens, a batch at a time: a fast tokenizer's
+Rust encode over the whole batch, a Python (custom-code) one's in several processes.
 
 `--samples N`: N independent completions of each prompt, each its own task.
 
@@ -38,6 +39,7 @@ from genfleet.common.queues import LONG, SHORT
 from genfleet.common.records import TaskPayload
 from genfleet.common.tokenizer import load_tokenizer, render_prompts
 from genfleet.producer import ProducerError
+from genfleet.producer.templating_processes import POOLED_BATCH, TemplatingProcesses
 
 Message = dict[str, Any]
 RowFormat = Literal["auto", "messages", "sharegpt", "prompt", "openai_batch"]
@@ -207,7 +209,9 @@ def choose_partition(prompt_tokens: int, *, pinned: str | None, max_new_tokens_s
 
 class PromptTemplater:
     def __init__(self, tokenizer_dir: str, chat_template_kwargs: dict[str, Any] | None = None, *,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, processes: int = 1) -> None:
+        """`processes`: how many interpreters may template with a Python (custom-code) tokenizer
+        (producer/templating_processes.py); a fast tokenizer's Rust encode needs none."""
         self.tokenizer_dir = tokenizer_dir
         self.tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         self.chat_template_kwargs = chat_template_kwargs or {}
@@ -215,6 +219,19 @@ class PromptTemplater:
         # `encode_batch_fast` skips the offsets nobody here reads.
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         self._encode = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+        self._processes = (TemplatingProcesses(tokenizer_dir, trust_remote_code=trust_remote_code,
+                                               processes=processes)
+                           if self._encode is None and processes > 1 else None)
+
+    def close(self) -> None:
+        if self._processes is not None:
+            self._processes.close()
+
+    def __enter__(self) -> PromptTemplater:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     @property
     def context_length(self) -> int | None:
@@ -229,6 +246,8 @@ class PromptTemplater:
             return []
         kwargs = self.chat_template_kwargs if chat_template_kwargs is None else chat_template_kwargs
         if self._encode is None:
+            if self._processes is not None and len(conversations) >= POOLED_BATCH:
+                return self._processes.render(conversations, kwargs)
             return render_prompts(self.tokenizer, conversations, kwargs)
         texts = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
                                                    **kwargs)
