@@ -23,12 +23,20 @@ batch the scheduler keeps small cost throughput, as on a GPU (the benchmark of a
 
 A request's turn is found at each extend (prefill or chunk) and kept per `req_pool_index`; a decode
 step only advances it. That keeps a step O(batch), not O(batch x length).
+
+When `GENFLEET_PLAN_HASHED` is "1" there is no plan and no tier tokenizer: the next token is a
+blake2b digest of the whole sequence so far, modulo the model's vocabulary. Any tokenizer of that
+vocabulary can be served then (tests/sglang_real/test_model_shapes_on_sglang.py): its every id,
+byte-fallback bytes and special tokens included, reaches SGLang's own detokenizer, and the same
+prompt always gets the same completion, streamed or not.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from array import array
 from pathlib import Path
 
 import torch
@@ -39,8 +47,9 @@ PLANNED_LOGIT = 100.0  # softmax puts ~1 - 3000 * e^-100 on the planned token at
 
 class PlanForward:
     def __init__(self, model_dir: Path | str, vocab_size: int) -> None:
-        self.vocab = PlanVocab.from_dir(model_dir)
-        self.planner = Planner(self.vocab)
+        self.hashed = os.environ.get("GENFLEET_PLAN_HASHED") == "1"
+        self.vocab = None if self.hashed else PlanVocab.from_dir(model_dir)
+        self.planner = None if self.hashed else Planner(self.vocab)
         self.vocab_size = vocab_size
         # req_pool_index -> (turn, the sequence it follows, where the turn starts in the sequence)
         self.active: dict[int, tuple] = {}
@@ -94,7 +103,9 @@ class PlanForward:
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
         pool_indices = batch.req_pool_indices.cpu().tolist()
         rows = zip(pool_indices, seq_lens, strict=True)
-        if batch.forward_mode.is_decode():
+        if self.hashed:
+            next_ids = [self._hashed(runner, keys, index, seq_len) for index, seq_len in rows]
+        elif batch.forward_mode.is_decode():
             next_ids = [self._decode(index, seq_len) for index, seq_len in rows]
         else:
             next_ids = [self._extend(runner, keys, index, seq_len) for index, seq_len in rows]
@@ -105,6 +116,10 @@ class PlanForward:
         slots = runner.req_to_token_pool.req_to_token[pool_index, :seq_len].to(torch.int64)
         pairs = keys[slots, 0, :2].to(torch.int64)
         return (pairs[:, 0] + 256 * pairs[:, 1]).tolist()
+
+    def _hashed(self, runner, keys, pool_index: int, seq_len: int) -> int:
+        sequence = array("I", self._sequence(runner, keys, pool_index, seq_len)).tobytes()
+        return int.from_bytes(hashlib.blake2b(sequence, digest_size=8).digest(), "little") % self.vocab_size
 
     def _extend(self, runner, keys, pool_index: int, seq_len: int) -> int:
         sequence = self._sequence(runner, keys, pool_index, seq_len)
