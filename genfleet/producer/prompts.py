@@ -219,9 +219,10 @@ class PromptTemplater:
         # `encode_batch_fast` skips the offsets nobody here reads.
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         self._encode = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
-        self._processes = (TemplatingProcesses(tokenizer_dir, trust_remote_code=trust_remote_code,
-                                               processes=processes)
-                           if self._encode is None and processes > 1 else None)
+        self._trust_remote_code = trust_remote_code
+        # Started at the first batch worth splitting (a few prompts never spawn an interpreter).
+        self._pool_size = processes if self._encode is None and processes > 1 else 1
+        self._processes: TemplatingProcesses | None = None
 
     def close(self) -> None:
         if self._processes is not None:
@@ -248,6 +249,10 @@ class PromptTemplater:
         if self._encode is None:
             if self._processes is not None and len(conversations) >= POOLED_BATCH:
                 return self._processes.render(conversations, kwargs)
+            if self._processes is None and self._pool_size > 1 and len(conversations) >= POOLED_BATCH:
+                # They load the tokenizer while this batch is templated here.
+                self._processes = TemplatingProcesses(self.tokenizer_dir, trust_remote_code=self._trust_remote_code,
+                                                      processes=self._pool_size)
             return render_prompts(self.tokenizer, conversations, kwargs)
         texts = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
                                                    **kwargs)

@@ -148,6 +148,7 @@ def test_a_custom_code_tokenizer_templates_the_same_ids_in_processes():
     directory = str(shape_dir("kimi-k2.5"))
     alone = PromptTemplater(directory, trust_remote_code=True)
     with PromptTemplater(directory, trust_remote_code=True, processes=2) as pooled:
-        assert pooled._processes is not None  # a custom-code tokenizer: the batch goes to the processes
-        for kwargs in thinking_variants("kimi-k2.5"):
+        assert pooled._processes is None  # none before a batch worth splitting
+        for kwargs in [*thinking_variants("kimi-k2.5"), *thinking_variants("kimi-k2.5")]:
             assert pooled.render(conversations, kwargs) == alone.render(conversations, kwargs)
+        assert pooled._processes is not None  # a custom-code tokenizer: later batches went to the processes
