@@ -62,11 +62,13 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.commands.core import Script
 
 from genfleet.common import kombu_wire
 from genfleet.common.keys import (
     KOMBU_UNACKED,
     KOMBU_UNACKED_INDEX,
+    LEASES,
     TRANSITS,
     celery_event_channel,
     queue_list,
@@ -118,6 +120,38 @@ def _delivered_at(delivery_tag: str) -> float | None:
     return message.delivered_at if message is not None and message.delivery_tag == delivery_tag else None
 
 
+# A delivery's `delivered_at` where the reaper took its message back off this worker's transit list
+# while the worker stood still between its BLMOVE and recording it (`QoS.append`): no `unacked_index`
+# score is negative, so it settles nothing (`settle`) and its lease keeper never runs it.
+STALE_DELIVERY = -1.0
+
+# Out of the transit list and into `unacked`, with its first lease, in one step on Redis's clock,
+# and only if the message is still on the list. KEYS: the transit list, `unacked_index`, `unacked`,
+# the lease zset; ARGV: the message as it sits on the list, its delivery tag, kombu's unacked record,
+# the lease TTL. Returns the delivery's `unacked_index` score, or false where the list no longer
+# holds the message.
+#
+# A script, because each step apart left a window that a worker starved (a host with no CPU for it,
+# a GC pause) past a lease fell into, and in which a second worker rightly took the message:
+# - after the BLMOVE, before recording: the list lapsed (`return_stranded`), its message went back
+#   to the queue and another worker took it; recorded on waking, it was then run here as well;
+# - after recording, before the lease keeper leased it: `unacked` held it with no lease, which the
+#   reaper reads as a dead worker's; the lease keeper, waking, took the new delivery's score as its
+#   own and ran it beside the other worker.
+# BLMOVE itself blocks, so it cannot run in a script; what follows it can, and Redis's `TIME` stamps
+# the delivery and its lease at the instant they become visible, not when this host last ran.
+TAKE_DELIVERY = Script(None, b"""
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
+local now = redis.call('TIME')
+local at = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local score = string.format('%.6f', at)
+redis.call('ZADD', KEYS[2], score, ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[4], string.format('%.6f', at + tonumber(ARGV[4])), ARGV[2])
+return score
+""")  # bytes: redis-py hashes them as they are, with no client's encoder
+
+
 class QoS(kombu_redis.QoS):
     restore_at_shutdown = False
 
@@ -128,13 +162,15 @@ class QoS(kombu_redis.QoS):
             return
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-        delivered_at = clock_for(self.channel.client).now()
-        with self.pipe_or_acquire() as pipe:  # a MULTI: in unacked and out of transit at once
-            pipe.zadd(self.unacked_index_key, {delivery_tag: delivered_at}) \
-                .hset(self.unacked_key, delivery_tag, record) \
-                .lrem(self.channel.transit_key, 1, raw) \
-                .execute()
-        message.delivered_at = delivered_at
+        with self.channel.conn_or_acquire() as client:
+            score = TAKE_DELIVERY(keys=[self.channel.transit_key, self.unacked_index_key, self.unacked_key, LEASES],
+                                  args=[raw, delivery_tag, record, self.channel.lease_ttl_s], client=client)
+        if score is None:
+            log.warning("message %s was put back on its queue while this worker stood still between taking it and "
+                        "recording it (past a lease): another worker has it, this copy will not run", delivery_tag)
+            message.delivered_at = STALE_DELIVERY
+        else:
+            message.delivered_at = float(score)
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
@@ -191,6 +227,11 @@ def settle(client: redis.Redis, tag: str, delivered_at: float, *, requeue: bool 
 class Channel(kombu_redis.Channel):
     QoS = QoS
     Message = Message
+    # A delivery's first lease (`TAKE_DELIVERY`): the worker's `lease_ttl_s`, passed as a transport
+    # option (workers/lifecycle.py) that kombu sets on the channel (kombu 5.7.0
+    # `transport/virtual/base.py` `Channel.__init__` copies `from_transport_options`).
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "lease_ttl_s")  # type: ignore[assignment]  # kombu types it by its own length
+    lease_ttl_s: float = 60.0
     # The synchronous client's connection parameters, kept from while the channel was open.
     _open_connparams: dict | None = None
     transit_key: str | None = None

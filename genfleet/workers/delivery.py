@@ -29,7 +29,9 @@ Expiries are written and judged on Redis's clock (common/redis_clock.py), never 
 worker whose clock is 90 s off neither loses its tasks to a punctual reaper nor shields them for
 90 s after it dies.
 
-This module is the only writer of the lease zset and the reaper lock (`common/keys.py`). Restoring
+This module owns the lease zset and the reaper lock (`common/keys.py`); a message's first lease is
+written by `workers/broker.py` (`TAKE_DELIVERY`), in the same step that records its delivery, so
+that no delivery is ever visible without one. Restoring
 also writes kombu's own keys (`unacked`, `unacked_index`, the queue list); see `Reaper._restore`
 for why that is not delegated to kombu. So does finishing an ack that Celery lost with its broker
 connection (`LeaseKeeper._finish_ack`).
@@ -47,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from genfleet.common import kombu_wire
 from genfleet.common.keys import (
@@ -185,11 +188,25 @@ class Delivery:
     tag: str
     task_id: str | None = None
     request: Any = None  # Celery's Request, to ask whether it will still run
-    delivered_at: float | None = None  # its `unacked_index` score, read with its first lease
+    # Its `unacked_index` score, from the message (`broker.QoS.append`), or `broker.STALE_DELIVERY`.
+    delivered_at: float | None = None
     # Set once the message is known to be delivered again (to this worker or another): this copy's
     # stream stops, and its ack or give-back touches nothing (`broker.settle`).
     superseded: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
+
+
+# A delivery's lease renewed on Redis's clock, only while `unacked_index` still holds that delivery:
+# KEYS `unacked_index`, the lease zset; ARGV the tag, the delivery's score, the TTL. Returns 1, or 0
+# (renewing nothing) where the message is gone or delivered again.
+HOLD_LEASE = Script(None, b"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+local now = redis.call('TIME')
+local expiry = tonumber(now[1]) + tonumber(now[2]) / 1000000 + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%.6f', expiry), ARGV[1])
+return 1
+""")
 
 
 class LeaseKeeper:
@@ -223,6 +240,8 @@ class LeaseKeeper:
         # (monotonic) and whether Celery acks its message (see `release`).
         self._released: dict[Delivery, tuple[float, bool]] = {}
         self._current = threading.local()  # the delivery each task thread runs (`bind`)
+        # Superseded deliveries dropped before their task started, by id(request), for `bind`.
+        self._superseded_unstarted: dict[int, tuple[Delivery, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
@@ -234,17 +253,37 @@ class LeaseKeeper:
         self._stop.set()
 
     def hold(self, tag: str, *, task_id: str | None = None, request: Any = None) -> Delivery:
-        """Leases a message just received; a copy of it this process still holds is superseded."""
-        delivery = Delivery(tag, task_id, request)
+        """Leases a message just received; a copy of it this process still holds is superseded.
+
+        kombu recorded the delivery, and its first lease, before Celery saw the message (kombu 5.7.0
+        `transport/virtual/base.py:645-649`: `QoS.append`, then the callback; workers/broker.py
+        `TAKE_DELIVERY`), and the message carries its score. The lease is renewed only while
+        `unacked` still holds that delivery: a worker starved between the two past its lease finds
+        the message delivered again, to another worker, and this copy never runs."""
+        # Its score before it is held: a heartbeat must never take another delivery's for its own.
+        delivered_at = getattr(getattr(request, "message", None), "delivered_at", None)
+        delivery = Delivery(tag, task_id, request, delivered_at=delivered_at)
         with self._lock:
             older = [each for each in self._held if each.tag == tag]
             self._held.append(delivery)
-        # kombu records the delivery before Celery sees the message (kombu 5.7.0,
-        # kombu/transport/virtual/base.py:645-649, `QoS.append` then the callback), so its score is there.
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(LEASES, {tag: self.clock.now() + self.ttl_s})
-        pipe.zscore(KOMBU_UNACKED_INDEX, tag)
-        _, delivery.delivered_at = pipe.execute()
+        if delivered_at == broker.STALE_DELIVERY:
+            self._supersede(delivery, "was put back on its queue before this worker recorded it")
+        elif delivered_at is not None:
+            try:
+                held = HOLD_LEASE(keys=[KOMBU_UNACKED_INDEX, LEASES], args=[tag, repr(delivered_at), self.ttl_s],
+                                  client=self.redis)
+            except redis.RedisError as error:  # its first lease stands; the heartbeat renews it
+                self.blackout.mark()
+                log.warning("lease of message %s not renewed at its receipt: %s", tag, error)
+            else:
+                if not held:
+                    self._supersede(delivery, "its lease lapsed before this worker started it and it was delivered "
+                                              "again")
+        else:  # delivered by kombu's own path (BRPOP): no score on the message
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(LEASES, {tag: self.clock.now() + self.ttl_s})
+            pipe.zscore(KOMBU_UNACKED_INDEX, tag)
+            _, delivery.delivered_at = pipe.execute()
         for copy in older:
             self._supersede(copy, "delivered to this worker again while a copy of it still runs here")
         return delivery
@@ -253,7 +292,10 @@ class LeaseKeeper:
         """The calling thread runs `request` (Celery calls `on_accepted` in the pool thread, just
         before the task: celery 5.7.0 `concurrency/base.py` `apply_target`)."""
         with self._lock:
-            self._current.delivery = next((each for each in self._held if each.request is request), None)
+            delivery = next((each for each in self._held if each.request is request), None)
+            if delivery is None:  # superseded before Celery handed it to the pool (`renew`)
+                delivery = self._superseded_unstarted.pop(id(request), (None, 0.0))[0]
+            self._current.delivery = delivery
 
     def current(self) -> Delivery | None:
         """The delivery the calling task thread runs, if any."""
@@ -298,6 +340,10 @@ class LeaseKeeper:
     def renew(self) -> None:
         started = time.monotonic()
         self._drop_released()
+        with self._lock:  # a request Celery never handed on within a lease: it dropped it
+            for key, (_, since) in list(self._superseded_unstarted.items()):
+                if started - since > self.ttl_s:
+                    del self._superseded_unstarted[key]
         with self._lock:
             held = list(self._held)
         if not held:
@@ -315,6 +361,12 @@ class LeaseKeeper:
             runs = self.will_run(delivery.request)
             if not runs and delivered_at != delivery.delivered_at:
                 self._forget(delivery)  # dropped by Celery, and its message is not ours any more
+                if delivery.superseded.is_set() and delivery.request is not None:
+                    # Or not handed to the pool yet (Celery leases it on receipt, then hands it on:
+                    # celery 5.7.0 `worker/strategy.py`, the task_received signal before `handle`).
+                    # Should it start, its task finds this copy superseded (`bind`), never unguarded.
+                    with self._lock:
+                        self._superseded_unstarted[id(delivery.request)] = (delivery, time.monotonic())
             # A message kombu no longer holds (acked, re-queued, or lost with Redis's data) has no lease
             # to renew: a renewed lease would shield its next delivery from the reaper.
             elif runs and delivered_at is not None and not delivery.superseded.is_set():

@@ -54,6 +54,8 @@ def create_app(settings: Settings) -> Celery:
         # One list per queue, no priority lists: genfleet never sets a priority, and a worker then
         # takes its messages with one BLMOVE onto its transit list (workers/broker.py).
         "priority_steps": [0],
+        # Each message's first lease is written as it is recorded in `unacked` (workers/broker.py).
+        "lease_ttl_s": settings.lease_ttl_s,
     }
     app.conf.update(
         **SERIALIZATION,
