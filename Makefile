@@ -98,13 +98,17 @@ test-vllm: install redis-server sglang-venv vllm-venv
 
 # A seeded chaos soak of a whole fleet (tests/soak/soak.py), judged from the outside: records, export,
 # the simulators' own count of generations, `status`. Replay one with SOAK_ARGS="--seed 3 --minutes 8";
-# CI runs a 3-minute one; `make soak-seeds` runs seeds 1-5 for 8 minutes each (~50 minutes).
+# CI runs a 3-minute one; `make soak-seeds` runs seeds 1-5 for 8 minutes each, then seed 6 with only
+# the faults that starve without killing (CPUs held, short freezes, a slow disk), which must cost
+# no generation at all (~55 minutes).
 SOAK_ARGS ?= --seed 1 --minutes 8
+STARVATION_FAULTS := cpu-starved,frozen-briefly,disk-slow
 soak: install redis-server
 	$(PY) tests/soak/soak.py $(SOAK_ARGS)
 
 soak-seeds: install redis-server
 	for seed in 1 2 3 4 5; do $(PY) tests/soak/soak.py --seed $$seed --minutes 8 || exit 1; done
+	$(PY) tests/soak/soak.py --seed 6 --minutes 4 --faults $(STARVATION_FAULTS) --first $(STARVATION_FAULTS)
 
 # About 40 minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export, and on SGLang's and vLLM's own servers (their tiers' venvs,

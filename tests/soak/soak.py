@@ -6,7 +6,10 @@ datasets. For `--minutes`, a fault drawn from `--seed` strikes every 10-25 s (`F
 SIGKILLed and started again, a worker paused past its lease or within it, Redis SIGKILLed, shut
 down, or killed with the last second of its AOF cut away (an OS crash's loss under `everysec`), a
 host killed and started again, a burst of host faults, the output disk full, the workers' Redis
-traffic blackholed. Every fault heals before the next.
+traffic blackholed; and starvation, which kills nothing: every core held by busy processes for
+10-40 s, a worker or Redis frozen (SIGSTOP/SIGCONT) for 50-900 ms many times in a row, the workers'
+fsync delayed by seconds (an LD_PRELOAD shim, tests/helpers/slow_fsync). Every fault heals before
+the next.
 
 Then it judges what a user would check, from outside genfleet's own counters:
 - every prompt's record on disk, equal to what a simulator generated for it (its `output_ids`,
@@ -18,8 +21,8 @@ Then it judges what a user would check, from outside genfleet's own counters:
 - generations beyond one per prompt (whole completions in the simulators' logs) at most the
   streams the faults themselves killed (`Fault.bound`): a killed or long-paused worker's in-flight
   cap, the streams in flight on a killed or faulty host or through a full disk, the records
-  started or finished in an AOF's lost second. Redis restarts, shutdowns and blackholes, and
-  pauses within a lease, cost nothing.
+  started or finished in an AOF's lost second. Redis restarts, shutdowns and blackholes, pauses
+  within a lease, starved CPUs, short freezes and a slow disk cost nothing.
 
 Prints a fault log and a one-line summary naming the seed (`--seed N` replays the same faults at
 the same times; the machine's timing still varies), and exits 1 if any judgement fails. Needs root
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -86,6 +90,7 @@ class Soak:
     minutes: float
     workdir: Path
     kinds: list[str] = field(default_factory=lambda: list(FAULTS))  # the faults to draw from
+    first: list[str] = field(default_factory=list)  # struck first, in this order, before any drawn
     faults: list[Fault] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -100,6 +105,11 @@ class Soak:
         self.last_heal = time.monotonic()
         self.finished_at: float | None = None  # when the run was first seen finished (monotonic)
         self._finish_checked_at = 0.0
+        # The slow disk's switch: while this file exists, every worker's fsync waits the seconds in it.
+        self.fsync_delay = self.workdir / "fsync-delay"
+        shim = _build_slow_fsync(self.workdir)
+        self.worker_env = ({"LD_PRELOAD": str(shim), "GENFLEET_TEST_FSYNC_DELAY_FILE": str(self.fsync_delay)}
+                           if shim else {})
 
     # -- the fleet ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -128,7 +138,8 @@ class Soak:
         for index in range(2):
             self._start_host(index, free_port())
         urls = [host.url for host in self.hosts]
-        self.workers = [self.fleet.start_worker(pool, *urls, concurrency=cap) for pool, cap in POOLS]
+        self.workers = [self.fleet.start_worker(pool, *urls, concurrency=cap, env=self.worker_env)
+                        for pool, cap in POOLS]
         datasets = self._write_datasets()
         self.fleet.enqueue(RUN, *datasets, extra=("--keep-token-ids",))
         started = time.monotonic()
@@ -140,7 +151,7 @@ class Soak:
             self._sleep(self.random.uniform(10, 25))
             if time.monotonic() >= end:
                 break
-            kind = self.random.choice(self.kinds)
+            kind = self.first.pop(0) if self.first else self.random.choice(self.kinds)
             fault = Fault(kind, round(time.monotonic() - started, 1))
             FAULTS[kind](self, fault)
             self.last_heal = time.monotonic()
@@ -252,8 +263,12 @@ class Soak:
             "status agrees with the records": status["totals"]["done"] == len(ids) and status["finished"],
             f"finished within {FINISH_AFTER_HEAL_S:g} s of the last heal": finish_s is not None,
             "0 prompts run twice at once by one worker": not overlaps,
-            "generations beyond one <= the streams faults killed": extra <= bound,
         }
+        if all(fault.kind in STARVATION for fault in self.faults):
+            # Nothing was killed, so every generation beyond one is starvation's alone, and must be none.
+            checks["0 generations beyond one (starvation alone)"] = extra == 0
+        else:
+            checks["generations beyond one <= the streams faults killed"] = extra <= bound
         kinds = Counter(fault.kind for fault in self.faults)
         print("faults: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())), flush=True)
         bounds = [f"{fault.kind}@{fault.at:g}s {fault.bound}" for fault in self.faults if fault.bound]
@@ -286,7 +301,8 @@ def worker_killed(soak: Soak, fault: Fault) -> None:
     pool, cap = POOLS[index]
     worker.kill()
     fault.detail, fault.bound = f"{pool} worker {index}", cap
-    soak.workers[index] = soak.fleet.start_worker(pool, *[h.url for h in soak.hosts], concurrency=cap)
+    soak.workers[index] = soak.fleet.start_worker(pool, *[h.url for h in soak.hosts], concurrency=cap,
+                                                  env=soak.worker_env)
 
 
 def worker_paused_past_lease(soak: Soak, fault: Fault) -> None:
@@ -397,12 +413,68 @@ def redis_blackholed(soak: Soak, fault: Fault) -> None:
     fault.detail = f"{length:.1f} s"
 
 
+def cpu_starved(soak: Soak, fault: Fault) -> None:
+    """Every core held by busy processes beside the fleet (a noisy neighbour, a tokenizer load, a page
+    cache flush): the fleet's processes still get their share, so no lease lapses; it costs time only."""
+    hogs = 2 * (os.cpu_count() or 1)
+    length = soak.random.uniform(10, 40)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        time.sleep(length)
+    finally:
+        for process in busy:
+            process.kill()
+        for process in busy:
+            process.wait()
+    fault.detail = f"{hogs} busy processes for {length:.0f} s"
+
+
+def frozen_briefly(soak: Soak, fault: Fault) -> None:
+    """A worker, or Redis, stopped and continued many times in a row, each stop far shorter than a
+    lease (a GC pause, a VM steal, a throttled cgroup)."""
+    freezes = soak.random.randint(10, 30)
+    if soak.random.random() < 0.5 and soak.redis.process is not None:
+        target, process = "Redis", soak.redis.process
+    else:
+        index, worker = soak._pick_worker()
+        target, process = f"worker {index}", worker.process
+    longest = 0.0
+    for _ in range(freezes):
+        stop = soak.random.uniform(0.05, 0.9)
+        longest = max(longest, stop)
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(stop)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        time.sleep(soak.random.uniform(0.05, 0.5))
+    fault.detail = f"{target} {freezes} times, up to {longest * 1000:.0f} ms"
+
+
+def disk_slow(soak: Soak, fault: Fault) -> None:
+    """Every worker's fsync delayed by seconds (the LD_PRELOAD shim): records are acknowledged late,
+    none lost, none generated again."""
+    if not soak.worker_env:
+        fault.detail = "left out: no C compiler for the fsync shim"
+        return
+    delay, length = soak.random.uniform(1, 4), soak.random.uniform(10, 25)
+    soak.fsync_delay.write_text(f"{delay:.2f}")
+    try:
+        time.sleep(length)
+    finally:
+        soak.fsync_delay.unlink()
+    fault.detail = f"fsync +{delay:.1f} s for {length:.0f} s"
+
+
 FAULTS: dict[str, Callable[[Soak, Fault], None]] = {
     "worker-killed": worker_killed, "worker-paused-long": worker_paused_past_lease,
     "worker-paused-short": worker_paused_briefly, "redis-killed": redis_killed, "redis-shutdown": redis_shut_down,
     "redis-aof-cut": redis_aof_cut, "host-killed": host_killed, "host-fault-burst": host_fault_burst,
     "disk-full": disk_full, "redis-blackholed": redis_blackholed,
+    "cpu-starved": cpu_starved, "frozen-briefly": frozen_briefly, "disk-slow": disk_slow,
 }
+# What starves the fleet without killing anything: each must add 0 generations.
+STARVATION = ("cpu-starved", "frozen-briefly", "disk-slow")
 
 
 def settle_aof_bounds(soak: Soak) -> None:
@@ -413,6 +485,17 @@ def settle_aof_bounds(soak: Soak) -> None:
         fault.bound = sum(1 for r in records
                           if start <= r["timing"]["started_at"] <= end
                           or start <= r["timing"]["started_at"] + r["timing"]["duration_s"] <= end)
+
+
+def _build_slow_fsync(directory: Path) -> Path | None:
+    """The fsync shim built for this soak, or None without a C compiler (the slow disk is left out)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    shim = directory / "libslowfsync.so"
+    source = Path(__file__).resolve().parents[1] / "helpers" / "slow_fsync" / "slow_fsync.c"
+    built = subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shim), str(source), "-ldl"], capture_output=True)
+    return shim if built.returncode == 0 else None
 
 
 def _incr_file(directory: Path) -> Path | None:
@@ -434,16 +517,19 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help="the kinds to draw from, comma-separated (default: all); e.g. the ones that must cost "
                              "nothing: redis-killed,redis-shutdown,redis-blackholed,worker-paused-short")
+    parser.add_argument("--first", default="",
+                        help="kinds struck first, in this order, before any drawn (e.g. CI's: cpu-starved)")
     args = parser.parse_args()
     kinds = [kind.strip() for kind in args.faults.split(",") if kind.strip()]
-    if not kinds or set(kinds) - set(FAULTS):
-        parser.error(f"--faults takes some of: {', '.join(FAULTS)}")
+    first = [kind.strip() for kind in args.first.split(",") if kind.strip()]
+    if not kinds or set(kinds) - set(FAULTS) or set(first) - set(FAULTS):
+        parser.error(f"--faults and --first take some of: {', '.join(FAULTS)}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"genfleet-soak-{args.seed}-"))
     if workdir.exists() and any(workdir.iterdir()):
         parser.error(f"--workdir {workdir} is not empty: a soak starts from nothing (its Redis, logs, shards)")
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"soak files in {workdir}", flush=True)
-    return Soak(args.seed, args.minutes, workdir, kinds).run()
+    return Soak(args.seed, args.minutes, workdir, kinds, first).run()
 
 
 if __name__ == "__main__":
