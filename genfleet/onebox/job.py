@@ -43,7 +43,7 @@ from genfleet.common.settings import Settings, printable_url
 from genfleet.onebox.embedded_redis import EmbeddedRedis, EmbeddedRedisError, Listen
 from genfleet.onebox.processes import ChildFailed, Processes, free_port, genfleet, port_is_free, wait_for
 from genfleet.status.read_model import DatasetProgress, RunProgress, RunStatus, read_progress, read_status
-from genfleet.status.render import progress_bars, progress_lines, render
+from genfleet.status.render import ProgressLog, progress_bars, render
 from genfleet.workers.servers.api import ServerDescription
 
 # The end is noticed within this (the counters alone: `read_progress`); the full status, which costs
@@ -109,6 +109,7 @@ class Job:
         self.processes: Processes | None = None
         self.servers: Processes | None = None  # plan.servers, stopped after self.processes
         self.enqueue_reported = False
+        self.progress_log = ProgressLog()  # the plain lines without a terminal: what changed since the last
         self.parser_source = ""
         self.job_lock: IO[str] | None = None  # this job's hold on its output directory
         self.before: DatasetProgress | None = None  # the run's totals when this job started
@@ -386,7 +387,7 @@ class Job:
             time.sleep(POLL_S)
 
     def _print_lines(self, status: RunStatus) -> None:
-        for line in progress_lines(status, time.strftime("%H:%M:%S")):
+        for line in self.progress_log.lines(status, time.strftime("%H:%M:%S")):
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def _note_held_by_a_killed_job(self, held: int) -> None:

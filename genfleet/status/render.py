@@ -293,21 +293,46 @@ def _state(status: RunStatus) -> str:
     return "finished" if status.finished else f"ETA {_eta(status.totals.eta)}"
 
 
-def progress_lines(status: RunStatus, clock: str) -> list[str]:
-    """One plain line per dataset, for a log or a pipe (no terminal to redraw): done/total, the
-    last minute's req/min and tok/s, failed, ETA. `clock` starts each line (e.g. "12:00:05")."""
-    lines = []
-    for row in status.datasets:
-        d, rates = row.progress, row.rates["1m"]
-        state = "done" if d.total and not d.pending else ("waiting" if not d.total else f"ETA {_eta(row.eta)}")
-        lines.append(f"{clock} {d.dataset}: {d.done:,}/{d.total:,} done ({_done_percent(d)}%) · "
-                     f"{rates.req_per_min:,.0f} req/min · {rates.tok_per_s:,.0f} tok/s · {d.failed:,} failed · "
-                     f"{state}")
-    for upstream in status.upstreams:
-        if upstream.workers and upstream.down_in:
-            lines.append(f"{clock} upstream {upstream.url}: down for {upstream.down_in} of {upstream.workers} "
-                         "workers (no answer: its prompts wait)")
-    return lines
+@dataclass
+class ProgressLog:
+    """`genfleet run`'s progress without a terminal (a log, a pipe, nohup), readable over 50 hours:
+    at every interval one total line (done/total, req/min, tok/s, failed, ETA); a dataset's line only
+    where it changed since its last one (so one when it finishes, and none after); a host's line
+    when workers find it down and when it answers again. A 10-dataset job then writes about as many
+    lines an hour as intervals, not ten times that."""
+
+    _shown: dict[str, tuple[int, int, int, str]] = field(default_factory=dict)  # dataset -> its last line's figures
+    _down: dict[str, int] = field(default_factory=dict)  # upstream -> workers that found it down, at its last line
+
+    def lines(self, status: RunStatus, clock: str) -> list[str]:
+        """The lines for this interval; `clock` starts each (e.g. "12:00:05")."""
+        lines = [f"{clock} {_progress_line('total', status.totals)}"]
+        for row in status.datasets:
+            d = row.progress
+            figures = (d.done, d.failed, d.total, _line_state(row))
+            if self._shown.get(d.dataset) != figures:
+                self._shown[d.dataset] = figures
+                lines.append(f"{clock} {_progress_line(d.dataset, row)}")
+        for upstream in status.upstreams:
+            down = upstream.down_in if upstream.workers else 0
+            if down == self._down.get(upstream.url, 0):
+                continue
+            self._down[upstream.url] = down
+            lines.append(f"{clock} upstream {upstream.url}: " + (
+                f"down for {down} of {upstream.workers} workers (no answer: its prompts wait)" if down
+                else "answers again"))
+        return lines
+
+
+def _progress_line(name: str, row: DatasetStatus) -> str:
+    d, rates = row.progress, row.rates["1m"]
+    return (f"{name}: {d.done:,}/{d.total:,} done ({_done_percent(d)}%) · {rates.req_per_min:,.0f} req/min · "
+            f"{rates.tok_per_s:,.0f} tok/s · {d.failed:,} failed · {_line_state(row)}")
+
+
+def _line_state(row: DatasetStatus) -> str:
+    d = row.progress
+    return "done" if d.total and not d.pending else ("waiting" if not d.total else f"ETA {_eta(row.eta)}")
 
 
 def progress_bars(status: RunStatus) -> Table:
@@ -317,9 +342,8 @@ def progress_bars(status: RunStatus) -> Table:
     table = Table.grid(padding=(0, 1))
     for row in _dataset_rows(status):
         d = row.progress
-        state = "done" if d.total and not d.pending else ("waiting" if not d.total else f"ETA {_eta(row.eta)}")
         table.add_row(escape(d.dataset), ProgressBar(total=max(d.total, 1), completed=d.done, width=30),
-                      f"{d.done:,}/{d.total:,}", f"[red]{d.failed:,} failed[/]" if d.failed else "", state)
+                      f"{d.done:,}/{d.total:,}", f"[red]{d.failed:,} failed[/]" if d.failed else "", _line_state(row))
     return table
 
 

@@ -4,6 +4,7 @@ its embedded redis-server, its two workers and producer, the simulator over HTTP
 Its output goes to a file (no terminal), so the plain progress lines are what it prints."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -89,6 +90,23 @@ def shard_records(directory: Path) -> list[dict]:
     return records
 
 
+PROGRESS = re.compile(r"^\d\d:\d\d:\d\d (?P<name>\S+): (?P<figures>[\d,]+/[\d,]+ done) \([\d.-]+%\) · .* · "
+                      r"(?P<failed>[\d,]+ failed) · (?P<state>.+)$", re.MULTILINE)
+
+
+def assert_progress_is_what_changed(output: str, sizes: dict[str, int]) -> None:
+    """The plain progress of a whole run: a total line first at every interval, a dataset's line only
+    where its figures moved since its last one, and its finished line once."""
+    lines = [match.groupdict() for match in PROGRESS.finditer(output)]
+    assert lines and lines[0]["name"] == "total", output
+    totals = sum(line["name"] == "total" for line in lines)
+    for name, size in sizes.items():
+        own = [(line["figures"], line["failed"], line["state"]) for line in lines if line["name"] == name]
+        assert own and all(a != b for a, b in itertools.pairwise(own)), (name, own)
+        assert own.count((f"{size}/{size} done", "0 failed", "done")) == 1, (name, own)
+        assert len(own) <= totals, (name, len(own), totals)
+
+
 @pytest.fixture
 def onebox(tmp_path):
     box = OneBox(tmp_path)
@@ -121,6 +139,7 @@ def test_defaults_too_long_for_a_4096_context_are_refused_then_the_corrected_com
     assert status == 0, output
     assert re.search(r"^\d\d:\d\d:\d\d q: 30/30 done \(100\.0%\) · .* req/min · .* tok/s · 0 failed · done$",
                      output, re.MULTILINE), output
+    assert_progress_is_what_changed(output, {"q": 30, "p": 5})
     expected = {*(f"q/{i}" for i in range(30)), *(f"p/{i}" for i in range(5))}
     records = onebox.records("r")
     ids = Counter(record["id"] for record in records)
