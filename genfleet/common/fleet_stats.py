@@ -287,6 +287,10 @@ BEACON_TTL_S = 10.0
 _FORGET_AFTER_S = 86400.0
 
 
+# The server kinds, as a load names its reader (workers/servers/kinds.py tells an upstream's kind).
+SGLANG, VLLM = "sglang", "vllm"
+
+
 @dataclass(frozen=True)
 class ServerLoad:
     """One reading of a host's load, summed over its data-parallel ranks (each server kind reads its
@@ -298,14 +302,22 @@ class ServerLoad:
     retracted: int
     gen_throughput: float
     max_total_tokens: int | None = None
+    # The server's cap on running requests (SGLang reports it; vLLM's is inferred, servers/vllm.py),
+    # and the kind that read this load (SGLANG, VLLM): what common/server_limits.py judges by.
+    max_running: int | None = None
+    server: str = ""
 
     def wanted_waiting(self) -> int:
         return wanted_waiting(self.running)
 
+    def at_running_cap(self) -> bool:
+        return bool(self.max_running) and self.running >= (self.max_running or 0)
+
     def admission_bound(self) -> bool:
-        """Many requests wait while most of the KV cache is free: the scheduler reserves KV for
-        each request's max_new_tokens (workers/generation/first_cap.py) and admits no more."""
-        return self.waiting > 2 * self.wanted_waiting() and self.token_usage < 0.5
+        """Many requests wait while most of the KV cache is free, below the server's running cap:
+        the scheduler reserves KV for each request's max_new_tokens (workers/generation/first_cap.py)
+        and admits no more. At the cap it is the cap that holds them (common/server_limits.py)."""
+        return self.waiting > 2 * self.wanted_waiting() and self.token_usage < 0.5 and not self.at_running_cap()
 
 
 def wanted_waiting(running: int) -> int:

@@ -60,6 +60,7 @@ from genfleet.common.queues import PARTITIONS
 from genfleet.common.reasoning import ReasoningFormat
 from genfleet.common.redis_checks import durability_problems
 from genfleet.common.run_state import connect
+from genfleet.common.server_limits import server_limit
 from genfleet.common.settings import Settings, printable_url
 from genfleet.common.tokenizer import TRUST_FLAG, CustomCodeRefused, load_tokenizer, render_prompts, tokenizer_kind
 from genfleet.doctor.plan import Preflight, TemplateVariant
@@ -255,6 +256,7 @@ def _gib(size: float) -> str:
 
 
 HEALTH_TIMEOUT_S = 5.0
+LOAD_READINGS = 5  # the most a host's load is read, while its running cap is unknown and requests wait
 
 
 @dataclass(frozen=True)
@@ -274,9 +276,21 @@ def upstream_check(server: ServerApi, url: str, settings: Settings,
     if not health.ready:
         return None, fail(name, health.detail, "wait for the server to finish loading, or restart it")
     # The workers' own readers: what the server says about itself, and its load.
-    upstream = Upstream(url, server.describe(url), server.read_load(url).load)
+    upstream = Upstream(url, server.describe(url), _read_load(server, url))
     return upstream, _judge(name, upstream, settings, run_context_length,
                             upstream.description.load_source or server.load_source)
+
+
+def _read_load(server: ServerApi, url: str) -> ServerLoad | None:
+    """The host's load; read again, a second apart, while requests wait and its running cap is not
+    known yet: vLLM's is known only once its running count holds over a few pages (servers/vllm.py)."""
+    load = server.read_load(url).load
+    for _ in range(LOAD_READINGS - 1):
+        if load is None or not load.waiting or load.max_running is not None:
+            break
+        time.sleep(1.0)
+        load = server.read_load(url).load
+    return load
 
 
 def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length: int | None,
@@ -308,6 +322,8 @@ def _judge(name: str, upstream: Upstream, settings: Settings, run_context_length
         findings.append((Status.WARN, f"vLLM does not say which reasoning parser it runs: genfleet splits with "
                                       f"{settings.reasoning_parser}",
                          "set GENFLEET_REASONING_PARSER to the model's parser (the one given to vllm serve)"))
+    if upstream.load is not None and (limit := server_limit(upstream.load)) is not None:
+        findings.append((Status.WARN, f"the server limits the batch: {limit.figure}", f"{limit.advice} ({limit.flag})"))
     if info.incremental is None:
         findings.append((Status.WARN, "no stream mode reported: workers infer it from the chunks",
                          "run a server that reports its settings (SGLang 0.5.23's /server_info does)"))

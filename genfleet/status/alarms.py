@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from genfleet.common.server_limits import server_limit
 from genfleet.status.read_model import RunStatus
 
 # Shares of a dataset's completions, once it has a few.
@@ -109,6 +110,8 @@ def fleet_alarms(status: RunStatus, settings: AlarmSettings) -> list[str]:
                          f"{load.token_usage:.0%} KV use: the caps reserve the KV cache (SGLang admits a request "
                          "only with room for its max_new_tokens); enqueue with --first-max-new-tokens auto, "
                          "and run workers with --in-flight auto (docs/running.md)")
+        if upstream.load is not None and (limit := server_limit(upstream.load)) is not None:
+            lines.append(limit.line(upstream.url))
         if upstream.down_in:
             lines.append(f"upstream {upstream.url} is down (circuit open in {upstream.down_in} of "
                          f"{upstream.workers} workers using it): its requests wait or go to other hosts; "

@@ -192,6 +192,23 @@ def test_an_admission_bound_host_is_named_with_its_load_and_what_to_run():
     assert not any("admission-bound" in line for line in alarms(replace(status, upstreams=[busy])))
 
 
+def test_a_host_at_its_own_running_cap_is_an_alarm_naming_the_flag_not_admission_bound():
+    from dataclasses import replace
+
+    from genfleet.common.fleet_stats import SGLANG, VLLM, ServerLoad
+    from genfleet.status.alarms import alarms
+
+    capped = ServerLoad(running=8, waiting=40, token_usage=0.12, retracted=0, gen_throughput=300.0, max_running=8,
+                        server=SGLANG)
+    status = replace(big_run(), upstreams=[UpstreamStatus("http://10.0.0.7:30000", 2, 0, 48, target=48, load=capped)])
+    lines = alarms(status)
+    assert ("server-limited: http://10.0.0.7:30000: 8 running, its cap (--max-running-requests 8), with 40 waiting "
+            "at 12% KV use: restart the server with a higher --max-running-requests") in " ".join(lines)
+    assert not any("admission-bound" in line for line in lines)
+    on_vllm = replace(status, upstreams=[replace(status.upstreams[0], load=replace(capped, server=VLLM))])
+    assert any("(--max-num-seqs)" in line for line in alarms(on_vllm))
+
+
 def test_a_skewed_worker_clock_and_a_lost_run_state_are_alarms_that_say_what_to_do():
     from dataclasses import replace
 

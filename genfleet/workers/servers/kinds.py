@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
+from genfleet.common.fleet_stats import SGLANG, VLLM
 from genfleet.workers.generation.loop_guard import StreamWatch
 from genfleet.workers.servers.api import (
     Generation,
@@ -30,7 +31,6 @@ from genfleet.workers.servers.api import (
 from genfleet.workers.servers.sglang import SglangServer
 from genfleet.workers.servers.vllm import VllmServer
 
-SGLANG, VLLM = "sglang", "vllm"
 KINDS = (SGLANG, VLLM)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from genfleet.common.fleet_stats import ServerLoad
+from genfleet.common.fleet_stats import SGLANG, ServerLoad
 from genfleet.workers.servers.api import (
     UNKNOWN_MODEL,
     LoadProblem,
@@ -82,6 +82,7 @@ def load_from_loads(body: Any) -> ServerLoad:
         raise ValueError("no loads in the answer")
     usage = [float(load.get("token_usage") or 0.0) for load in loads]
     capacity = [load.get("max_total_num_tokens") for load in loads]
+    running_caps = [load.get("max_running_requests") for load in loads]
     return ServerLoad(
         running=sum(int(load["num_running_reqs"]) for load in loads),
         waiting=sum(int(load["num_waiting_reqs"]) for load in loads),
@@ -89,6 +90,8 @@ def load_from_loads(body: Any) -> ServerLoad:
         retracted=sum(int((load.get("queues") or {}).get("retracted") or 0) for load in loads),
         gen_throughput=sum(float(load.get("gen_throughput") or 0.0) for load in loads),
         max_total_tokens=sum(capacity) if all(isinstance(c, int) for c in capacity) else None,
+        max_running=sum(running_caps) if all(_is_int(c) and c > 0 for c in running_caps) else None,
+        server=SGLANG,
     )
 
 
@@ -169,7 +172,7 @@ class ServerInfo:
             reasoning_parser=parser if isinstance(parser, str) else None,
             incremental=mode.incremental, stream_interval=mode.stream_interval,
             context_length=self._context_length(upstream, info, timeout_s),
-            kind="sglang", version=_reported(info.get("version")), load_source=LOADS_PATH,
+            kind=SGLANG, version=_reported(info.get("version")), load_source=LOADS_PATH,
         )
 
     def _context_length(self, upstream: str, info: dict[str, Any], timeout_s: float) -> int | None:

@@ -37,7 +37,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from genfleet.common.fleet_stats import ServerLoad
+from genfleet.common.fleet_stats import VLLM, ServerLoad
+from genfleet.common.server_limits import KV_FREE_BELOW
 from genfleet.workers.errors import IntegrityError, PermanentError, UpstreamAborted
 from genfleet.workers.generation.loop_guard import StreamWatch
 from genfleet.workers.servers.api import (
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 METRICS_PATH = "/metrics"
+CAP_READINGS = 3  # pages in a row at one running count, requests waiting: its --max-num-seqs
 VERSION_PATH = "/version"
 MODELS_PATH = "/v1/models"
 
@@ -202,16 +204,23 @@ class LoadMeter:
     then over the time between the two: a cumulative count read as `retracted` would lower
     `--in-flight auto`'s target at every reading after a server's first preemption, and without a
     rate it could not judge whether its raises added tok/s. The first page of an upstream, and the
-    first after its counters fell (a restarted server), has no page before it: 0 and 0."""
+    first after its counters fell (a restarted server), has no page before it: 0 and 0.
+
+    vLLM's page does not say its `--max-num-seqs` (server_limits.py): a running count held at the
+    same value over `CAP_READINGS` pages in a row, each with requests waiting and the KV cache
+    mostly free, is taken as the cap (`max_running`): below its cap the scheduler admits a waiting
+    request at its next step (v1/core/sched/scheduler.py), so the count would not hold."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[float, MetricsPage]] = {}
+        self._held: dict[str, tuple[int, int]] = {}  # upstream -> (running, pages it held with requests waiting)
         self._lock = threading.Lock()
 
     def load(self, upstream: str, page: MetricsPage, now: float) -> ServerLoad:
         with self._lock:
             before = self._last.get(upstream)
             self._last[upstream] = (now, page)
+            held = self._hold(upstream, page)
         preempted, rate = 0, 0.0
         if before is not None:
             at, last = before
@@ -220,7 +229,18 @@ class LoadMeter:
                 if now > at:
                     rate = (page.generated_tokens - last.generated_tokens) / (now - at)
         return ServerLoad(running=page.running, waiting=page.waiting, token_usage=page.kv_usage,
-                          retracted=preempted, gen_throughput=rate)
+                          retracted=preempted, gen_throughput=rate,
+                          max_running=page.running if held >= CAP_READINGS else None, server=VLLM)
+
+    def _hold(self, upstream: str, page: MetricsPage) -> int:
+        """How many pages in a row, this one included, held this running count with requests waiting."""
+        if not (page.running and page.waiting and page.kv_usage < KV_FREE_BELOW):
+            self._held.pop(upstream, None)
+            return 0
+        running, pages = self._held.get(upstream, (page.running, 0))
+        pages = pages + 1 if running == page.running else 1
+        self._held[upstream] = (page.running, pages)
+        return pages
 
 
 class VllmServer(HttpServerKind):
@@ -280,7 +300,7 @@ class VllmServer(HttpServerKind):
         return ServerDescription(
             model=self.model_identity(upstream), reasoning_parser=None, incremental=True,
             context_length=context if isinstance(context, int) and not isinstance(context, bool) else None,
-            kind="vllm", version=self.version(upstream), load_source=METRICS_PATH,
+            kind=VLLM, version=self.version(upstream), load_source=METRICS_PATH,
         )
 
     def read_load(self, upstream: str) -> LoadReading:

@@ -1,0 +1,45 @@
+"""A server whose own running cap holds the batch down is named, with its flag, by `status` (an
+alarm) and `doctor`: SGLang 0.5.23 started with a deliberately low `--max-running-requests`, a
+worker offering it far more, requests waiting and the KV cache mostly free (common/server_limits.py;
+0.5.23 reports its cap in `/v1/loads`, `managers/load_snapshot.py`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers.waits import wait_until
+from server import RealServer
+from tier import enqueue, write_plan_prompts
+
+LOW_CAP = 4
+PROMPTS = 600
+PLAN = "[plan len=300]"
+QUICK = dict(admission_interval_s=0.5, health_interval_s=1, shutdown_grace_s=1)
+
+
+@pytest.mark.timeout(600)
+def test_status_and_doctor_name_max_running_requests_within_a_minute(venv, model, real_fleet, tmp_path):
+    server = RealServer(venv, model, "--max-running-requests", str(LOW_CAP), name="low-cap").start()
+    try:
+        real_fleet.configure(**QUICK)
+        data = write_plan_prompts(tmp_path / "c.jsonl", PROMPTS, (PLAN,), stem="cap")
+        real_fleet.start_worker("short", server.url, concurrency=32)
+        enqueue(real_fleet, model, "cap", f"c={data}", extra=("--max-new-tokens", "400"))
+        wait_until(lambda: server.load()["num_waiting_reqs"] > 0, 120, 0.2, "requests waiting at the server")
+
+        def alarm() -> str | None:
+            status = json.loads(real_fleet.genfleet("status", "--run", "cap", "--json").stdout)
+            return next((line for line in status["alarms"] if line.startswith("server-limited:")), None)
+
+        # Within a minute of requests waiting (a beacon every few seconds carries the load).
+        line = wait_until(alarm, 60, 0.5, "a server-limited alarm")
+        assert f"--max-running-requests {LOW_CAP}" in line and server.url in line, line
+
+        result = real_fleet.genfleet("doctor", "--json", "--upstream", server.url, check=False)
+        rows = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+        row = rows[f"upstream {server.url}"]
+        assert row["status"] == "warn", row
+        assert f"the server limits the batch: {LOW_CAP} running, its cap (--max-running-requests {LOW_CAP})" \
+            in row["detail"], row
+    finally:
+        server.stop()

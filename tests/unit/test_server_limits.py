@@ -1,0 +1,64 @@
+"""When the server's own flags hold the batch down, `status` and `doctor` name the flag
+(common/server_limits.py): from SGLang's `/v1/loads` (its `max_running_requests`) and from vLLM's
+`/metrics` (its running count held flat while requests wait: servers/vllm.py `LoadMeter`)."""
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from genfleet.common.fleet_stats import SGLANG, VLLM, ServerLoad
+from genfleet.common.server_limits import server_limit
+from genfleet.workers.servers.sglang_info import load_from_loads
+from genfleet.workers.servers.vllm import CAP_READINGS, LoadMeter, MetricsPage
+
+
+def sglang_loads(running: int, waiting: int, usage: float, cap: int, retracted: int = 0) -> dict:
+    """One rank of SGLang 0.5.23's `/v1/loads` (`managers/load_snapshot.py` `LoadSnapshot.to_dict`)."""
+    return {"loads": [{"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+                       "token_usage": usage, "max_total_num_tokens": 400_000, "max_running_requests": cap,
+                       "gen_throughput": 900.0, "queues": {"retracted": retracted}}]}
+
+
+def test_sglang_at_its_running_cap_with_requests_waiting_and_kv_free_names_max_running_requests():
+    load = load_from_loads(sglang_loads(running=48, waiting=30, usage=0.21, cap=48))
+    assert (load.max_running, load.server) == (48, SGLANG)
+    limit = server_limit(load)
+    assert limit is not None and limit.flag == "--max-running-requests"
+    assert "48 running" in limit.figure and "30 waiting" in limit.figure and "21% KV" in limit.figure
+    assert not load.admission_bound()  # the cap holds them, not the KV reservation
+
+
+def test_below_the_cap_or_with_nothing_waiting_or_kv_full_no_running_cap_is_named():
+    assert server_limit(load_from_loads(sglang_loads(30, 30, 0.21, 48))) is None
+    assert server_limit(load_from_loads(sglang_loads(48, 0, 0.21, 48))) is None
+    assert server_limit(load_from_loads(sglang_loads(48, 30, 0.7, 48))) is None
+
+
+def test_a_full_kv_cache_that_retracts_names_the_memory_flag_of_each_server():
+    sglang = server_limit(load_from_loads(sglang_loads(20, 9, 0.97, 256, retracted=4)))
+    assert sglang is not None and sglang.flag == "--mem-fraction-static" and "4 requests retracted" in sglang.figure
+    vllm = server_limit(ServerLoad(running=20, waiting=9, token_usage=0.95, retracted=3, gen_throughput=0.0,
+                                   server=VLLM))
+    assert vllm is not None and vllm.flag.startswith("--gpu-memory-utilization") and "preempted" in vllm.figure
+
+
+def page(running: int, waiting: int, usage: float = 0.1) -> MetricsPage:
+    return MetricsPage(running=running, waiting=waiting, kv_usage=usage, preemptions=0.0, generated_tokens=0.0)
+
+
+def test_vllm_running_held_with_requests_waiting_is_its_max_num_seqs():
+    meter = LoadMeter()
+    loads = [meter.load("u", page(8, 40), now=float(n)) for n in range(CAP_READINGS)]
+    assert [load.max_running for load in loads] == [None] * (CAP_READINGS - 1) + [8]
+    limit = server_limit(loads[-1])
+    assert limit is not None and limit.flag == "--max-num-seqs" and "8 running" in limit.figure
+
+
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 3), st.sampled_from([0.1, 0.9])), max_size=40))
+def test_vllm_cap_is_inferred_only_after_the_count_held_that_many_pages_with_requests_waiting(pages):
+    meter, run = LoadMeter(), 0
+    for index, (running, waiting, usage) in enumerate(pages):
+        held = waiting and usage < 0.5
+        run = (run + 1 if index and held and pages[index - 1][0] == running and run else 1) if held else 0
+        load = meter.load("u", page(running, waiting, usage), now=float(index))
+        assert load.max_running == (running if run >= CAP_READINGS else None)
