@@ -286,6 +286,7 @@ def main() -> None:
     started = time.monotonic()
     result = {**measure(workload), "elapsed_s": time.monotonic() - started}
     if args.json:  # the raw figures first: `python -m bench.control_model` re-derives the model from them
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # bench/results/ is not in the clone (ignored)
         args.json.write_text(json.dumps(result, indent=1, default=str))
     result["model"] = control_model.summarise(result)
     if args.json:
