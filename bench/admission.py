@@ -194,18 +194,22 @@ def server_counters(kind: str, url: str, counters: Path | None) -> dict[str, int
 
 
 def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Path | None, model: Path,
-            rows_path: Path, total: int, config: Config, run: str) -> dict:
+            rows_path: Path, total: int, config: Config, run: str, *, concurrency: int | None = None,
+            max_new_tokens: int = FULL_CAP) -> dict:
+    """One worker (`concurrency` in flight, or this measurement's ceiling under auto and FIXED
+    without), the rows enqueued, until every prompt is finished: the run's figures and its records'
+    output ids. bench/sweep.py runs it at every fixed point too."""
     from bench.real_tier import finished_prompts, wait_for  # one wait and one progress read for every measurement
 
     output = procs.dir / f"output-{run}"
     settings: dict[str, object] = {"in_flight_mode": "auto" if config.auto else "fixed",
-                                   "concurrency": CEILING if config.auto else FIXED,
+                                   "concurrency": concurrency or (CEILING if config.auto else FIXED),
                                    "first_cap_start": FIRST_CAP_START}
     env = env_for(redis_url, output, tokenizer=model, **settings)
     worker = procs.start_worker(f"worker-{run}", env, [url])
     procs.wait_ready([worker])
     client = redis_client(redis_url)
-    enqueue_args = ["--max-new-tokens", str(FULL_CAP), "--on-truncated", "continue"]
+    enqueue_args = ["--max-new-tokens", str(max_new_tokens), "--on-truncated", "continue"]
     if config.staged:
         enqueue_args += ["--first-max-new-tokens", "auto"]
     before = server_counters(kind, url, counters)

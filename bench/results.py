@@ -90,6 +90,8 @@ class Results:
     real_server_error: str | None = None
     vllm_server: dict | None = None  # bench/vllm_server.py: on vLLM's own server, once
     vllm_server_error: str | None = None
+    sweep: dict | None = None  # bench/sweep.py: the operating point on SGLang's own server, once
+    sweep_error: str | None = None
     elapsed_s: float = 0.0
 
     def raw(self) -> dict:
@@ -99,4 +101,4 @@ class Results:
                 "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
                 "control": self.control, "shared_tail": self.shared_tail,
-                "real_server": self.real_server, "vllm_server": self.vllm_server}
+                "real_server": self.real_server, "vllm_server": self.vllm_server, "sweep": self.sweep}

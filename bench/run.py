@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
                                   [--only throughput,onebox,scaling,enqueue,export,useful,control,affinity,
-                                          tail,real,vllm]
+                                          tail,real,vllm,sweep]
                                   [--out bench/results.md] [--into-existing]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
@@ -12,7 +12,9 @@ runs on one host, one after the other and sharing it) run once (each is minutes 
 does `real`: throughput, routing and the loop guard on SGLang 0.5.23's own server (the real-server
 tier's venv, built once), each beside the simulator's figure for the same workload
 (bench/real_server.py), and `vllm`: throughput and `--in-flight auto` on vLLM 0.32.0's own server
-(the vLLM tier's venv, built once; bench/vllm_server.py). Every benchmark starts and stops its own
+(the vLLM tier's venv, built once; bench/vllm_server.py), and `sweep`: the operating point (fixed
+in-flight points against `--in-flight auto`, beside SGLang's own offline engine) and a capped server
+raised as `status` advises, on SGLang's own server (bench/sweep.py, ~40 min). Every benchmark starts and stops its own
 redis-server, simulators and workers; Ctrl-C stops them all. `--quick` shrinks every size to check
 the harness, not to measure.
 """
@@ -39,6 +41,7 @@ from bench import (  # noqa: E402
     scaling,
     shared_tail,
     standalone,
+    sweep,
     throughput,
     useful_tokens,
     vllm_server,
@@ -47,7 +50,7 @@ from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
 MEASUREMENTS = ("throughput", "onebox", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail",
-                "real", "vllm")
+                "real", "vllm", "sweep")
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 CHAT_ENQUEUE_PROMPTS = {False: 20_000, True: 2_000}
 # Kimi-K2.5's custom-code tiktoken tokenizer, and a fast one (Qwen3's shape): tests/model_shapes.
@@ -92,6 +95,8 @@ def main() -> None:
             _measure_real_server(results)
         if "vllm" in only:
             _measure_vllm_server(results)
+        if "sweep" in only:
+            _measure_sweep(results)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -238,6 +243,21 @@ def _measure_vllm_server(results: Results) -> None:
             f"{measured['throughput']['occupancy']:.1%}")
     for shape, outcome in (measured.get("admission") or {}).items():
         log(f"  {shape}: auto {outcome['tokens_ratio']:.2f}x fixed 150")
+
+
+def _measure_sweep(results: Results) -> None:
+    profile = sweep.QUICK if results.quick else sweep.FULL
+    log(f"the operating point on SGLang's own server (once): {profile.describe()}")
+    try:
+        results.sweep = sweep.measure(profile, log=log)
+    except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as error:  # its venv, its server
+        results.sweep_error = str(error).splitlines()[0]
+        log(f"  not measured: {error}")
+        return
+    for name, cell in results.sweep["cells"].items():
+        ratios = cell["ratios"]["auto"]
+        log(f"  {name}: auto {ratios['best_fixed']:.2f}x best fixed ({cell['best_fixed']}), "
+            f"{ratios['fixed_150']:.2f}x fixed 150, {ratios['offline']:.2f}x engine offline")
 
 
 def _headline(name: str, figure: dict) -> str:

@@ -248,3 +248,23 @@ def vllm_throughput_note(tp: dict) -> str:
         "per 32 tokens, the script a chunk per token, and the server's API process sends fewer). Before the "
         "worker took waiting messages in batches the fill took ~4 s, and this row read 0.97x."
     )
+
+
+def sweep_note(name: str, cell: dict) -> str:
+    """A sweep cell where auto missed, read from the server's own counters: what auto ran at against
+    the best fixed point."""
+    auto, best = cell["modes"]["auto"], cell["modes"][cell["best_fixed"]]
+    raised = cell["ratios"]["auto, ceiling 400"]
+    why = [f"auto {auto['tokens_per_s']:,.0f} tok/s at {auto['running']:.0f} running, {cell['best_fixed']} "
+           f"{best['tokens_per_s']:,.0f} at {best['running']:.0f}"]
+    if best["running"] > auto["running"] * 1.1 and cell["best_fixed"] in ("fixed 256", "fixed 400"):
+        why.append(f"the best point runs {best['running']:.0f} at once, above the pool's 150 that auto works under "
+                   f"(with the ceiling raised to 400 auto reaches {raised['best_fixed']:.2f}× of it)")
+    if auto["waiting"] < 1 and best["waiting"] >= 1:
+        why.append(f"auto kept {auto['waiting']:.1f} waiting where the best kept {best['waiting']:.0f}: the server "
+                   "sometimes ran out of queued work between steps")
+    if auto["retracted"] > best["retracted"]:
+        why.append(f"SGLang retracted {auto['retracted']} under auto against {best['retracted']}")
+    spread = max(m["max"] / m["min"] - 1 for m in cell["modes"].values() if m["min"])
+    why.append(f"runs of one mode spread by up to {spread:.0%} on this machine")
+    return f"{name}: " + "; ".join(why) + "."

@@ -34,6 +34,9 @@ restore_at_shutdown, _._in_poll, _._brpop_sent_at
 # celery 5.7.0's `Consumer.on_close` reads a request's timer entry (tests/unit/test_leases.py).
 _._eta_timer_entry
 
+# SGLang 0.5.23's `Engine.__init__` reads the class field a subclass overrides (bench/sglang_offline.py).
+run_scheduler_process_func
+
 # The `tokenizers` library reads what sim/build_model.py assigns.
 _.pre_tokenizer, _.decoder
 

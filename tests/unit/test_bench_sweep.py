@@ -1,0 +1,74 @@
+"""The sweep's arithmetic (bench/sweep.py): which fixed point is best, the ratios auto is judged by,
+records compared across the modes of a cell, and the report's figures and section from them."""
+from __future__ import annotations
+
+import sys
+
+from helpers.paths import REPO
+
+sys.path.insert(0, str(REPO))
+
+from bench import sweep  # noqa: E402
+from bench.figures import sweep_figures  # noqa: E402
+
+OUTPUTS = {"a": [1, 2, 3], "b": [4, 5]}
+
+
+def side(rate: float, running: float = 50.0, outputs: dict | None = None) -> dict:
+    return {"tokens_per_s": rate, "running": running, "waiting": 3.0, "token_usage": 0.4, "retracted_peak": 0,
+            "decoded_twice": 0, "records": 2, "target_over_time": [(0, 150)], "outputs": outputs or OUTPUTS}
+
+
+def cell(rates: dict[str, list[float]], offline_rate: float = 1000.0, **odd: dict) -> dict:
+    runs = {mode.name: [side(rate, outputs=odd.get(mode.name)) for rate in rates.get(mode.name, [500.0, 520.0])]
+            for mode in sweep.MODES}
+    return sweep.summarize_cell(runs, {"wall_s": 10.0, "completion_tokens": 10_000, "tokens_per_s": offline_rate,
+                                       "outputs": dict(OUTPUTS)})
+
+
+def test_the_best_fixed_point_and_auto_against_it_and_against_150():
+    summary = cell({"fixed 256": [900.0, 1000.0, 800.0], "fixed 150": [600.0, 640.0], "auto": [880.0, 920.0]})
+    assert summary["best_fixed"] == "fixed 256"
+    assert summary["modes"]["fixed 256"]["tokens_per_s"] == 900.0  # the median, not the best run
+    assert (summary["modes"]["fixed 256"]["min"], summary["modes"]["fixed 256"]["max"]) == (800.0, 1000.0)
+    ratios = summary["ratios"]["auto"]
+    assert ratios["best_fixed"] == 900.0 / 900.0
+    assert ratios["fixed_150"] == 900.0 / 620.0
+    assert ratios["offline"] == 900.0 / 1000.0
+    assert "auto, ceiling 400" in summary["ratios"]
+
+
+def test_a_mode_whose_records_differ_counts_its_worst_run():
+    summary = cell({}, **{"fixed 64": {"a": [1, 2, 9], "b": [4, 5]}})
+    assert summary["modes"]["fixed 64"]["identical"] == 1
+    assert summary["modes"]["fixed 400"]["identical"] == 2
+    assert summary["offline"]["identical"] == 2 and "outputs" not in summary["offline"]
+
+
+def outcome(summary: dict) -> dict:
+    return {"sglang": "0.5.23", "profile": {"repeats": 2, "remedy_prompts": 10}, "workload": "w",
+            "step_s": (0.03, 0.0001, 0.00002),
+            "cells": {"short chat, kv-limited": {"max_total_tokens": 12_000, "max_new_tokens": 128, **summary}},
+            "remedy": {"low_cap": 8, "raised_cap": 16, "ratio": 1.8, "identical": 10,
+                       "low": {"tokens_per_s": 200.0, "running": 8, "waiting": 40, "alarm": "server-limited: x",
+                               "alarm_after_s": 6.0, "records": 10},
+                       "raised": {"tokens_per_s": 360.0, "running": 16, "waiting": 30, "alarm": None,
+                                  "records": 10}}}
+
+
+def test_the_figures_judge_auto_as_it_ships_and_explain_a_miss():
+    summary = cell({"fixed 400": [1000.0, 1000.0], "fixed 150": [700.0, 700.0], "auto": [700.0, 700.0]})
+    figures = sweep_figures(outcome(summary))
+    statuses = [(figure.name.split(": ")[-1], figure.status) for figure in figures]
+    assert statuses == [("tok/s, `--in-flight auto` ÷ the best fixed point", "**missed**"),
+                        ("tok/s, `--in-flight auto` ÷ fixed 150", "met"),
+                        ("tok/s raised ÷ capped", "met")]
+    assert "fixed 400" in figures[0].note()
+
+
+def test_the_section_names_every_mode_and_the_offline_ceiling():
+    lines = "\n".join(sweep.section_lines(outcome(cell({})), "today", "abc1234"))
+    assert sweep.HEADING in lines and "SGLang offline (no HTTP, no client)" in lines
+    for mode in sweep.MODES:
+        assert f"| {mode.name}" in lines
+    assert "Raised ÷ capped 1.80×" in lines and "`server-limited: x`" in lines
