@@ -155,15 +155,7 @@ class Timeline:
         return statistics.fmean(inside) if inside else 0.0
 
     def decode_rate(self) -> float:
-        """Tokens/s the server decoded from 10% to 80% of what it decoded in the run: its pace while
-        it still had work waiting, before the long tail drains alone."""
-        points = [(p["t"], p["decoded"]) for p in self.points if "decoded" in p]
-        if len(points) < 3:
-            return 0.0
-        first, last = points[0][1], points[-1][1]
-        low = next((p for p in points if p[1] - first >= 0.1 * (last - first)), points[0])
-        high = next((p for p in points if p[1] - first >= 0.8 * (last - first)), points[-1])
-        return (high[1] - low[1]) / (high[0] - low[0]) if high[0] > low[0] else 0.0
+        return steady_decode_rate([(p["t"], p["decoded"]) for p in self.points if "decoded" in p])
 
     def over_time(self, key: str, every_s: float = 10.0, digits: int = 0) -> list[tuple[int, float]]:
         """(second, value) every `every_s` seconds of the run, where the key was seen."""
@@ -173,6 +165,18 @@ class Timeline:
                 out.append((round(point["t"]), round(point[key], digits) if digits else round(point[key])))
                 next_at = point["t"] + every_s
         return out
+
+
+def steady_decode_rate(points: list[tuple[float, int]]) -> float:
+    """Tokens/s the server decoded from 10% to 80% of what it decoded in a run ((seconds, decoded so
+    far) readings): its pace while it still had work waiting, before the long tail drains alone and
+    after the start-up. bench/sweep.py reads the offline engine's the same way."""
+    if len(points) < 3:
+        return 0.0
+    first, last = points[0][1], points[-1][1]
+    low = next((p for p in points if p[1] - first >= 0.1 * (last - first)), points[0])
+    high = next((p for p in points if p[1] - first >= 0.8 * (last - first)), points[-1])
+    return (high[1] - low[1]) / (high[0] - low[0]) if high[0] > low[0] else 0.0
 
 
 def _new_token_ratio(metrics: str) -> float | None:

@@ -11,16 +11,46 @@ Runs in the tier's SGLang venv with tests/sglang_real and its stand_ins on PYTHO
 starts it so). The scheduler process is the tier's (`serve.run_scheduler_with_plan`): `Engine`'s
 own `run_scheduler_process_func` field, which 0.5.23 `entrypoints/engine.py` keeps for "private
 forks" to override. REQUESTS.json: [{"id", "input_ids", "max_new_tokens"}]. OUT.json: the wall time
-of the generate call, its completion tokens and each request's output ids.
+of the generate call, its completion tokens, the scheduler's decode count over it (read as the
+server's is) and each request's output ids.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import time
 
 WARM_UP_REQUESTS = 4  # SGLang's benchmark warms up first too (`sample_random_requests`, then a generate)
+
+
+class DecodeCounter:
+    """(seconds, tokens decoded so far) every 0.25 s from the plan's counters file (the scheduler
+    process rewrites it, GENFLEET_PLAN_COUNTERS): the same readings the sweep takes of the server."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("GENFLEET_PLAN_COUNTERS", "")
+        self.points: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _read(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                with open(self.path) as file:
+                    decoded = json.load(file)["decoded_tokens"]
+            except (OSError, ValueError, KeyError):
+                continue
+            self.points.append((time.perf_counter() - self.started, decoded))
 
 
 def main(argv: list[str]) -> None:
@@ -40,14 +70,18 @@ def main(argv: list[str]) -> None:
         engine.generate(input_ids=[r["input_ids"] for r in requests[:WARM_UP_REQUESTS]],
                         sampling_params=[{"temperature": 0, "max_new_tokens": 8}] * WARM_UP_REQUESTS)
         engine.flush_cache()
+        counter = DecodeCounter()
+        counter.start()
         started = time.perf_counter()
         outputs = engine.generate(input_ids=[r["input_ids"] for r in requests],
                                   sampling_params=[{"temperature": 0, "max_new_tokens": r["max_new_tokens"]}
                                                    for r in requests])
         wall_s = time.perf_counter() - started
+        counter.stop()
     finally:
         engine.shutdown()
     result = {"wall_s": wall_s, "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outputs),
+              "decoded": counter.points,
               "outputs": {r["id"]: o["output_ids"] for r, o in zip(requests, outputs, strict=True)}}
     with open(out_path, "w") as file:
         json.dump(result, file)

@@ -255,8 +255,8 @@ def sweep_note(name: str, cell: dict) -> str:
     the best fixed point."""
     auto, best = cell["modes"]["auto"], cell["modes"][cell["best_fixed"]]
     raised = cell["ratios"]["auto, ceiling 400"]
-    why = [f"auto {auto['tokens_per_s']:,.0f} tok/s at {auto['running']:.0f} running, {cell['best_fixed']} "
-           f"{best['tokens_per_s']:,.0f} at {best['running']:.0f}"]
+    why = [f"auto {auto['decode_rate']:,.0f} steady tok/s at {auto['running']:.0f} running, {cell['best_fixed']} "
+           f"{best['decode_rate']:,.0f} at {best['running']:.0f}"]
     if best["running"] > auto["running"] * 1.1 and cell["best_fixed"] in ("fixed 256", "fixed 400"):
         why.append(f"the best point runs {best['running']:.0f} at once, above the pool's 150 that auto works under "
                    f"(with the ceiling raised to 400 auto reaches {raised['best_fixed']:.2f}× of it)")

@@ -15,26 +15,28 @@ OUTPUTS = {"a": [1, 2, 3], "b": [4, 5]}
 
 
 def side(rate: float, running: float = 50.0, outputs: dict | None = None) -> dict:
-    return {"tokens_per_s": rate, "running": running, "waiting": 3.0, "token_usage": 0.4, "retracted_peak": 0,
-            "decoded_twice": 0, "records": 2, "target_over_time": [(0, 150)], "outputs": outputs or OUTPUTS}
+    return {"decode_rate": rate, "tokens_per_s": rate / 2, "running": running, "waiting": 3.0, "token_usage": 0.4,
+            "retracted_peak": 0, "decoded_twice": 0, "records": 2, "target_over_time": [(0, 150)],
+            "outputs": outputs or OUTPUTS}
 
 
 def cell(rates: dict[str, list[float]], offline_rate: float = 1000.0, **odd: dict) -> dict:
     runs = {mode.name: [side(rate, outputs=odd.get(mode.name)) for rate in rates.get(mode.name, [500.0, 520.0])]
             for mode in sweep.MODES}
-    return sweep.summarize_cell(runs, {"wall_s": 10.0, "completion_tokens": 10_000, "tokens_per_s": offline_rate,
-                                       "outputs": dict(OUTPUTS)})
+    return sweep.summarize_cell(runs, {"wall_s": 10.0, "completion_tokens": 10_000, "tokens_per_s": offline_rate / 2,
+                                       "decode_rate": offline_rate, "outputs": dict(OUTPUTS)})
 
 
 def test_the_best_fixed_point_and_auto_against_it_and_against_150():
     summary = cell({"fixed 256": [900.0, 1000.0, 800.0], "fixed 150": [600.0, 640.0], "auto": [880.0, 920.0]})
     assert summary["best_fixed"] == "fixed 256"
-    assert summary["modes"]["fixed 256"]["tokens_per_s"] == 900.0  # the median, not the best run
+    assert summary["modes"]["fixed 256"]["decode_rate"] == 900.0  # the median, not the best run
     assert (summary["modes"]["fixed 256"]["min"], summary["modes"]["fixed 256"]["max"]) == (800.0, 1000.0)
     ratios = summary["ratios"]["auto"]
     assert ratios["best_fixed"] == 900.0 / 900.0
     assert ratios["fixed_150"] == 900.0 / 620.0
     assert ratios["offline"] == 900.0 / 1000.0
+    assert ratios["fixed_150_wall"] == 450.0 / 310.0  # the wall rates, beside
     assert "auto, ceiling 400" in summary["ratios"]
 
 
@@ -49,20 +51,20 @@ def outcome(summary: dict) -> dict:
     return {"sglang": "0.5.23", "profile": {"repeats": 2, "remedy_prompts": 10}, "workload": "w",
             "step_s": (0.03, 0.0001, 0.00002),
             "cells": {"short chat, kv-limited": {"max_total_tokens": 12_000, "max_new_tokens": 128, **summary}},
-            "remedy": {"low_cap": 8, "raised_cap": 16, "ratio": 1.8, "identical": 10,
-                       "low": {"tokens_per_s": 200.0, "running": 8, "waiting": 40, "alarm": "server-limited: x",
-                               "alarm_after_s": 6.0, "records": 10},
-                       "raised": {"tokens_per_s": 360.0, "running": 16, "waiting": 30, "alarm": None,
-                                  "records": 10}}}
+            "remedy": {"low_cap": 8, "raised_cap": 16, "ratio": 1.8, "wall_ratio": 1.5, "identical": 10,
+                       "low": {"decode_rate": 210.0, "tokens_per_s": 200.0, "running": 8, "waiting": 40,
+                               "alarm": "server-limited: x", "alarm_after_s": 6.0, "records": 10},
+                       "raised": {"decode_rate": 380.0, "tokens_per_s": 360.0, "running": 16, "waiting": 30,
+                                  "alarm": None, "records": 10}}}
 
 
 def test_the_figures_judge_auto_as_it_ships_and_explain_a_miss():
     summary = cell({"fixed 400": [1000.0, 1000.0], "fixed 150": [700.0, 700.0], "auto": [700.0, 700.0]})
     figures = sweep_figures(outcome(summary))
     statuses = [(figure.name.split(": ")[-1], figure.status) for figure in figures]
-    assert statuses == [("tok/s, `--in-flight auto` ÷ the best fixed point", "**missed**"),
-                        ("tok/s, `--in-flight auto` ÷ fixed 150", "met"),
-                        ("tok/s raised ÷ capped", "met")]
+    assert statuses == [("steady tok/s, `--in-flight auto` ÷ the best fixed point", "**missed**"),
+                        ("steady tok/s, `--in-flight auto` ÷ fixed 150", "met"),
+                        ("steady tok/s raised ÷ capped", "met")]
     assert "fixed 400" in figures[0].note()
 
 
