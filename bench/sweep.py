@@ -71,9 +71,9 @@ REFERENCE = "fixed 150"
 
 @dataclass(frozen=True)
 class Profile:
-    seeds_prompts: int = 240
-    chat_prompts: int = 480
-    remedy_prompts: int = 200
+    seeds_prompts: int = 120
+    chat_prompts: int = 240
+    remedy_prompts: int = 160
     repeats: int = 2
 
     def describe(self) -> str:
