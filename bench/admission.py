@@ -268,11 +268,11 @@ def sim_flags(total_tokens: int) -> list[str]:
 
 
 def _start_sim(procs: Processes, total_tokens: int) -> str:
-    env = {**os.environ, **_sglang_variables()}
+    env = {**os.environ, **sglang_variables()}
     return procs.start_sim("sim-admission", sim_flags(total_tokens), env)[1]
 
 
-def _sglang_variables() -> dict[str, str]:
+def sglang_variables() -> dict[str, str]:
     """SGLang's own settings of the reservation, scaled with the lengths; the sim reads the same."""
     return {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(ESTIMATION_CLIP),
             "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": str(RATIO_DECAY_STEPS)}
@@ -314,7 +314,7 @@ def _real_server(procs: Processes, model: Path, total_tokens: int):
 
     counters = procs.dir / "counters.json"
     env = {"GENFLEET_PLAN_COUNTERS": str(counters), "GENFLEET_PLAN_STEP_S": ",".join(map(str, STEP_S)),
-           **_sglang_variables()}
+           **sglang_variables()}
     # --enable-metrics: the new_token_ratio gauge for the timeline.
     server = RealServer(sglang_venv(), model, "--max-total-tokens", str(total_tokens), "--max-running-requests",
                         str(CEILING + 100), "--enable-cache-report", "--enable-metrics", name="admission", env=env)

@@ -110,7 +110,7 @@ WORKLOADS: dict[str, tuple[Callable[[int], list[dict]], Callable[[Profile], int]
 
 def _server_env(counters: Path) -> dict[str, str]:
     return {"GENFLEET_PLAN_COUNTERS": str(counters), "GENFLEET_PLAN_STEP_S": ",".join(map(str, admission.STEP_S)),
-            **admission._sglang_variables()}
+            **admission.sglang_variables()}
 
 
 def _server_flags(total_tokens: int, running_cap: int) -> list[str]:
