@@ -24,9 +24,9 @@ The rule, per host, every `admission_interval_s`:
   when nothing waits (doubled while the KV cache is less than half in use: a raise can only
   overfill a host by queueing, which the next reading shows, or by running its KV out, which is
   far off then), else by half the shortfall (weighted by the share), while the raises still raise
-  the host's tok/s: the raises of `FLAT_RAISES` readings are judged together, and when together
-  they did not lift it by `MIN_GAIN`, the target goes back to where they started and holds for
-  `HOLD_S`, then tries again (the host's shape may have changed). They are judged only while this
+  the host's tok/s: the raises of `FLAT_RAISES` readings that report a tok/s are judged together,
+  and when together they did not lift it by `MIN_GAIN`, the target goes back to where they started
+  and holds for `HOLD_S`, then tries again (the host's shape may have changed). They are judged only while this
   worker fills its target: a run running out of prompts lowers the host's tok/s by itself.
   Together, because SGLang's tok/s is the mean over its last log interval, which a reading just
   after a raise does not yet hold, and is 0 until its first interval ends: judged one by one
@@ -101,7 +101,10 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     stream, and rounding each step would make the sum depend on the number of workers."""
     target = host.target
     filling = mine >= 0.9 * math.floor(target)
-    if host.raised_from_tps is not None:
+    # A reading without a tok/s says nothing of the raises: SGLang reports 0 until the first log
+    # interval after a (re)start ends. Judged by it, they looked flat, were taken back and held for a
+    # minute (the simulator's figure is 0 while a prefill batch runs, so it showed in CI too).
+    if host.raised_from_tps is not None and load.gen_throughput > 0:
         host.readings += 1
         if host.readings >= FLAT_RAISES:
             # Judge the last raises together, by what they did to tok/s: SGLang's figure is the tokens

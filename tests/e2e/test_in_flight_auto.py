@@ -27,13 +27,32 @@ def targets(fleet, url: str) -> list[int | None]:
     return [u.target for b in read_beacons(fleet.redis) for u in b.upstreams if u.url == url]
 
 
-def wait_for(condition, timeout: float, what: str):
+class Trace:
+    """What the workers' beacons said of a host, reading by reading: a failed wait shows why."""
+
+    def __init__(self, fleet, url: str) -> None:
+        self.fleet, self.url, self.lines = fleet, url, deque(maxlen=40)
+
+    def first_target(self) -> int:
+        upstreams = [u for b in read_beacons(self.fleet.redis) for u in b.upstreams if u.url == self.url]
+        for u in upstreams:
+            load = u.load
+            self.lines.append(f"healthy={u.healthy} in_flight={u.in_flight} target={u.target}" + (
+                f" running={load.running} waiting={load.waiting} usage={load.token_usage:.2f} "
+                f"tps={load.gen_throughput:g}" if load else " no load"))
+        return (upstreams[0].target or 0) if upstreams else 0
+
+    def __str__(self) -> str:
+        return "; the last readings:\n" + "\n".join(self.lines)
+
+
+def wait_for(condition, timeout: float, what: str, trace: object = ""):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (value := condition()) is not None:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout:.0f} s")
+    raise AssertionError(f"{what} within {timeout:.0f} s{trace}")
 
 
 def settled_sum(fleet, url: str, workers: int, low: float, high: float, *, timeout: float = 90.0,
@@ -80,17 +99,17 @@ def test_a_host_with_room_is_filled_and_filled_again_when_it_comes_back(fleet, t
     start_at = IN_FLIGHT_PER_HOST["short"]
     sim = SimProcess(*SIM_FLAGS, "--max-running", str(ROOMY))
     sim.start()
+    trace = Trace(fleet, sim.url)
     try:
         start(fleet, tmp_path, sim.url, workers=1, prompts=4000, ceiling=ROOMY_CEILING)
-        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= ROOMY - 5 else None, 40,
-                 f"a target of {ROOMY - 5}")
+        wait_for(lambda: True if trace.first_target() >= ROOMY - 5 else None, 40, f"a target of {ROOMY - 5}", trace)
         port = sim.port
         sim.stop()
         # Down: its circuit opens (the probes, failed requests) and its target falls back to the start.
         wait_for(lambda: True if targets(fleet, sim.url) == [start_at] else None, 60, "the start target")
         sim = SimProcess(*SIM_FLAGS, "--max-running", str(ROOMY), port=port)
         sim.start()
-        wait_for(lambda: True if (targets(fleet, sim.url) or [0])[0] >= ROOMY - 5 else None, 60, "the ramp again")
+        wait_for(lambda: True if trace.first_target() >= ROOMY - 5 else None, 60, "the ramp again", trace)
     finally:
         sim.stop()
 
