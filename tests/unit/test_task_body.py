@@ -10,7 +10,7 @@ from helpers.fleet import shard_records
 from helpers.task_harness import prompt_payload, run_task, sim_on_a_socket, worker_runtime
 
 from genfleet.common.run_state import RunState
-from genfleet.workers.errors import GenerationError
+from genfleet.workers.errors import GenerationError, IntegrityError
 
 FAST = ("--rate", "2000", "--length-median", "30", "--length-mean", "35", "--knee", "100000")
 
@@ -48,6 +48,20 @@ def test_a_failure_on_the_wire_is_a_typed_error_and_writes_nothing(redis_url, re
             run_task(payload, runtime)
     assert failed.value.retryable and failed.value.upstream == sim.url
     assert shard_records(tmp_path, "r") == [] and not RunState(redis_client, "r").is_done("d", 5)
+
+
+def test_a_text_the_ids_do_not_decode_to_is_an_integrity_failure_of_its_host(redis_url, tmp_path, tokenizer):
+    # Found by the decoding after the stream ended, not in the stream: the error must still name
+    # the host (the warning said "on None", and the retry could not avoid the host).
+    def mismatch(_generation):
+        raise IntegrityError("stream integrity: the output ids do not decode to the streamed text")
+
+    with sim_on_a_socket(*FAST) as sim, worker_runtime(redis_url, tmp_path, sim.url) as runtime:
+        runtime.splitter.checked_text = mismatch  # type: ignore[method-assign]
+        payload = prompt_payload(tokenizer, "r", "d", 6, "a question whose text will not match")
+        with pytest.raises(IntegrityError) as failed:
+            run_task(payload, runtime)
+    assert failed.value.upstream == sim.url and shard_records(tmp_path, "r") == []
 
 
 def test_the_records_model_is_asked_with_no_slot_held(redis_url, tmp_path, tokenizer):

@@ -44,7 +44,7 @@ from genfleet.common.queues import LONG
 from genfleet.common.reasoning import get_format, starts_in_reasoning
 from genfleet.common.records import CompletionRecord, TaskPayload, Timing, Turn, Usage
 from genfleet.common.tokenizer import render_prompts
-from genfleet.workers.errors import BudgetSpent, GenerationError, PermanentError
+from genfleet.workers.errors import BudgetSpent, GenerationError, IntegrityError, PermanentError
 from genfleet.workers.generation.completion_text import PROMPT_CONTEXT_IDS, decode_after
 from genfleet.workers.generation.first_cap import next_stage
 from genfleet.workers.generation.loop_guard import LoopThresholds, StreamWatch
@@ -207,7 +207,13 @@ def generate_replies(payload: TaskPayload, runtime: WorkerRuntime, deadline: flo
     for position in reply_positions(payload.messages, payload.regenerate):
         prompt = history_before(payload.messages, position, replies)
         generation, upstream = stream_reply(payload, runtime, prompt, deadline)
-        split = runtime.splitter.split(generation, payload.chat_template_kwargs)
+        try:
+            split = runtime.splitter.split(generation, payload.chat_template_kwargs)
+        except IntegrityError as error:
+            # Found once the stream ended, by decoding its ids: it is still that host's stream,
+            # which the warning names and the retry avoids.
+            error.upstream = error.upstream or upstream
+            raise
         turn = Turn(
             reasoning=split.reasoning, content=split.content,
             # A loop the guard stopped or flagged reads "loop", whatever ended the stream.
