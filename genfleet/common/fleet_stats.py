@@ -398,6 +398,17 @@ def withdraw(client: redis.Redis, name: str) -> None:
     pipe.execute()
 
 
+def streams_to(client: redis.Redis, *, besides: str) -> dict[str, int]:
+    """The live workers' streams open per upstream URL, but for the worker named `besides`: what
+    `--in-flight auto` adds to its own to know the pipe to a host (workers/admission.py)."""
+    counts: dict[str, int] = {}
+    for beacon in read_beacons(client):
+        if beacon.name != besides:
+            for upstream in beacon.upstreams:
+                counts[upstream.url] = counts.get(upstream.url, 0) + upstream.in_flight
+    return counts
+
+
 def read_beacons(client: redis.Redis, now: float | None = None) -> list[WorkerBeacon]:
     """The live workers' beacons. Their times are Redis's clock (workers/telemetry.py stamps them
     with it), so a worker on a skewed host is neither dropped nor kept past its time."""

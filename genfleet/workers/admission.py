@@ -14,9 +14,12 @@ become those since the reading before, and a tok/s over the time between).
 
 The rule, per host, every `admission_interval_s`:
 - retractions: the KV cache ran out; lower the target to four fifths of this worker's streams.
-- a waiting queue above twice `wanted_waiting` (a few requests, 5% of those running: the queue is
-  to be short, never empty, so that the scheduler refills a finished request's slot at once):
-  lower the target to this worker's streams less half the excess over `wanted_waiting`, weighted
+- a waiting queue above twice the wanted one: at least `wanted_waiting` (a few requests, 5% of
+  those running), and no fewer than the fleet's requests in the pipe to the host (`in_transit`).
+  The queue is to be short, never empty, so that the scheduler refills a finished request's slot
+  at once; the requests the host finishes while their replacements travel to it are what the
+  queue must cover, and by Little's law that is the number in the pipe. So: lower the target to
+  this worker's streams less half the excess over the wanted queue, weighted
   by its share of what the server holds. Between once and twice it: hold. (Decreases start from
   the streams open, not from the last target: lowering a target closes no stream, so the readings
   until the streams drain would otherwise lower it again and again, down to one.)
@@ -38,7 +41,10 @@ The rule, per host, every `admission_interval_s`:
 Several workers share a host, and the server's counts are their sum. Each worker moves its own
 target by its share of the correction (or by the same factor, for the multiplicative steps), so
 the sum moves as one worker's would, whatever the number of workers: they converge to the same
-combined target without talking to each other (tests/unit/test_admission.py simulates it).
+combined target (tests/unit/test_admission.py simulates it). The one thing a worker takes from the
+others is their streams open to the host, from their beacons (`fleet_stats.streams_to`, at most a
+beacon interval old): the pipe is the fleet's streams less what the server holds, and without the
+others' a worker would take its share of what the server holds for its own pipe.
 
 A host without `/v1/loads` (an older SGLang, a router, a proxy: a 404, or `UNREADABLE_READINGS`
 answers in a row that are not a load) keeps the fixed share, said once in the log and by
@@ -58,7 +64,11 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import redis
 
 from genfleet.common.fleet_stats import ServerLoad
 from genfleet.workers.servers.api import LoadProblem, ServerApi
@@ -77,6 +87,9 @@ EXCESS_GAIN = 0.5
 MIN_GAIN = 0.02
 FLAT_RAISES = 3
 HOLD_S = 60.0
+# The pipe is taken as the least of this many readings: a raise's new requests are in it until they
+# reach the server, and read then they would ask for a longer queue, and a raise, again.
+PIPE_READINGS = 3
 # Readings in a row without a usable answer (not a 404: an error page, a timeout, another schema)
 # after which `auto` gives a host up and keeps its fixed share.
 UNREADABLE_READINGS = 5
@@ -93,12 +106,16 @@ class HostAdmission:
     readings: int = 0  # readings since then
     hold_until: float = 0.0
     unreadable: int = 0  # readings in a row that gave nothing usable
+    # The fleet's requests in the pipe to the host at the last readings (in_transit): the least is used.
+    pipe: deque[int] = field(default_factory=lambda: deque(maxlen=PIPE_READINGS))
 
 
-def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: int, now: float) -> float:
+def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: int, now: float,
+                others: int = 0) -> float:
     """The host's next target for this worker, from its reading `load`; `mine`: this worker's
-    streams open to it now. A float: each worker's share of a correction is a fraction of a
-    stream, and rounding each step would make the sum depend on the number of workers."""
+    streams open to it now, `others`: the other workers' (their beacons). A float: each worker's
+    share of a correction is a fraction of a stream, and rounding each step would make the sum
+    depend on the number of workers."""
     target = host.target
     filling = mine >= 0.9 * math.floor(target)
     # A reading without a tok/s says nothing of the raises: SGLang reports 0 until the first log
@@ -120,7 +137,9 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
             host.raised_from_tps = None
     held = load.running + load.waiting
     share = min(mine / held, 1.0) if held > 0 else 1.0
-    wanted = load.wanted_waiting()
+    if mine > 0:
+        host.pipe.append(in_transit(load, mine + others))
+    wanted = max(load.wanted_waiting(), min(host.pipe, default=0))
     # A lowered target closes no stream: the host sees fewer only as streams finish, seconds later.
     # So a decrease is taken from the streams open now, not from the last target: readings taken
     # before the streams drain ask for the same target again instead of lowering it once more each.
@@ -143,6 +162,15 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     return max(1.0, min(target, float(ceiling)))
 
 
+def in_transit(load: ServerLoad, streams_open: int) -> int:
+    """The fleet's requests to the host that the server does not count, of `streams_open`: sent and
+    not yet in its queue (the HTTP request, the server's tokenizer process, its scheduler's next
+    receive), or finished and their stream not yet closed. At a steady state that is the host's
+    finishes during one refill (Little's law), what its waiting queue must hold for no freed slot
+    to stand empty while the replacements travel."""
+    return max(0, streams_open - load.running - load.waiting)
+
+
 def streams(target: float) -> int:
     """The cap a target gives: whole streams, at least one."""
     return max(1, math.floor(target + 0.5))
@@ -155,9 +183,10 @@ class AdmissionControl:
     is what tells an operator on the defaults to try the other modes."""
 
     def __init__(self, pool: UpstreamPool, server: ServerApi, *, ceiling: int, interval_s: float, steer: bool,
-                 start: int) -> None:
+                 start: int, others: Callable[[], Mapping[str, int]] = dict) -> None:
         self.pool = pool
         self.server = server
+        self.others = others  # the other workers' streams open per host (their beacons)
         self.ceiling = ceiling
         self.interval_s = interval_s
         self.start = min(start, ceiling) if steer else ceiling
@@ -184,6 +213,7 @@ class AdmissionControl:
         """One reading of every host, and the new targets."""
         healthy = set(self.pool.healthy())
         in_flight = self.pool.in_flight()
+        others = self._others_streams()
         for url, host in self.hosts.items():
             if url not in healthy:
                 with self._lock:
@@ -202,8 +232,19 @@ class AdmissionControl:
                 if host.mode == "fixed":
                     continue
                 host.target = next_target(host, load, mine=in_flight.get(url, 0), ceiling=self.ceiling,
-                                          now=time.monotonic())
+                                          now=time.monotonic(), others=others.get(url, 0))
             self.pool.set_cap(url, streams(host.target))
+
+    def _others_streams(self) -> Mapping[str, int]:
+        """The other workers' streams per host; none when their beacons cannot be read (a Redis
+        blip): the pipe is then this worker's own, a lower bound, for a reading or two."""
+        if not any(host.mode == "auto" for host in self.hosts.values()):
+            return {}
+        try:
+            return self.others()
+        except redis.RedisError as error:
+            log.debug("the other workers' streams are not known: %s", error)
+            return {}
 
     def _read(self, url: str, host: HostAdmission) -> ServerLoad | None:
         reading = self.server.read_load(url)

@@ -15,6 +15,7 @@ import redis
 from celery.worker import state as celery_state
 from celery.worker.request import Request
 
+from genfleet.common.fleet_stats import streams_to
 from genfleet.common.queues import IN_FLIGHT_PER_HOST
 from genfleet.common.run_state import RunState, connect
 from genfleet.common.settings import Settings
@@ -93,7 +94,8 @@ class WorkerRuntime:
             admission=AdmissionControl(upstreams, server, ceiling=per_upstream_cap(settings),
                                        start=IN_FLIGHT_PER_HOST[settings.pool],
                                        interval_s=settings.admission_interval_s,
-                                       steer=settings.in_flight_mode == "auto"),
+                                       steer=settings.in_flight_mode == "auto",
+                                       others=lambda: streams_to(client_redis, besides=name)),
         )
 
     @property
