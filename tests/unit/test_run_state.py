@@ -10,6 +10,7 @@ import redis
 
 from genfleet.common import fleet_stats
 from genfleet.common.queues import PARTITIONS, SHORT
+from genfleet.common.redis_clock import clock_for
 from genfleet.common.run_state import COUNTER_FIELDS, Outcome, OutgoingTask, RowRejection, RunState
 
 FINISHED = Outcome(prompt_tokens=7, completion_tokens=40, reasoning_tokens=12, truncated=True,
@@ -120,3 +121,18 @@ def test_a_beacon_from_a_newer_worker_is_read_without_the_fields_it_added(redis_
     raw["upstreams"][0]["added_later"] = 2
     raw["upstreams"][0]["load"]["added_later"] = 3
     assert fleet_stats.WorkerBeacon.from_json(json.dumps(raw)) == beacon
+
+
+def test_the_other_workers_streams_per_host_are_summed_from_their_beacons(redis_client):
+    """What `--in-flight auto` adds to its own streams to know a host's pipe (workers/admission.py)."""
+    now = clock_for(redis_client).now()
+
+    def beacon(name: str, *streams: tuple[str, int]) -> fleet_stats.WorkerBeacon:
+        return fleet_stats.WorkerBeacon(name=name, pool="short", slots=150, time=now, upstreams=[
+            fleet_stats.UpstreamHealth(url, healthy=True, in_flight=count) for url, count in streams])
+
+    fleet_stats.publish(redis_client, beacon("me", ("http://a", 50)))
+    fleet_stats.publish(redis_client, beacon("w2", ("http://a", 30), ("http://b", 7)))
+    fleet_stats.publish(redis_client, beacon("w3", ("http://a", 20)))
+    assert fleet_stats.streams_to(redis_client, besides="me") == {"http://a": 50, "http://b": 7}
+    assert fleet_stats.streams_to(redis_client, besides="w2") == {"http://a": 70}
