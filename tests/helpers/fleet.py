@@ -49,6 +49,13 @@ class WorkerProcess:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def warnings(self, lines: int = 10) -> str:
+        """The log's last WARNING and ERROR lines (a lost broker connection, a retry), which a tail of
+        task successes hides."""
+        found = [line for line in self.log.read_text(errors="replace").splitlines()
+                 if "WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line]
+        return "\n".join(found[-lines:])
+
 
 def same_worker_overlaps(records: list[dict]) -> list[str]:
     """The ids that one worker ran twice at the same time: two records of one id by one worker whose
@@ -149,8 +156,9 @@ class Fleet:
             return None
 
         def details() -> str:
-            tails = "\n\n".join(w.tail(15) for w in self.workers)
-            return f"run {run} not finished: {self.progress(run)}\n{tails}"
+            # The summary last: CI prints a failure's first and last lines and cuts the middle.
+            tails = "\n\n".join(f"{w.tail(15)}\n-- its warnings:\n{w.warnings()}" for w in self.workers)
+            return f"{tails}\nrun {run} not finished: {self.progress(run)}"
 
         return wait_until(finished, timeout, 0.25, details)
 
