@@ -125,17 +125,7 @@ class Timeline:
         while not self._stop.is_set():
             point: dict = {"t": time.monotonic() - self.started}
             try:
-                load = httpx.get(f"{self.url}/v1/loads", timeout=5).json()["loads"][0]
-                point.update(running=load["num_running_reqs"], waiting=load["num_waiting_reqs"],
-                             usage=load["token_usage"], retracted=(load.get("queues") or {}).get("retracted", 0))
-                if self.kind == "real":
-                    if self.counters and self.counters.exists():
-                        point["decoded"] = json.loads(self.counters.read_text())["decoded_tokens"]
-                    if (ratio := _new_token_ratio(httpx.get(f"{self.url}/metrics", timeout=5).text)) is not None:
-                        point["ratio"] = ratio
-                else:
-                    stats = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
-                    point["decoded"], point["ratio"] = stats["tokens_generated"], stats["new_token_ratio"]
+                point.update(_vllm_point(self.url) if self.kind == "vllm" else self._sglang_point())
                 for beacon in read_beacons(self.client):
                     for upstream in beacon.upstreams:
                         if upstream.url == self.url and upstream.target:
@@ -147,6 +137,22 @@ class Timeline:
                 pass
             self.points.append(point)
             self._stop.wait(0.5)
+
+    def _sglang_point(self) -> dict[str, float]:
+        """SGLang's `/v1/loads`, and its decode count and new_token_ratio: the tier plan's counters
+        ("real") or the simulator's own ("sim")."""
+        load = httpx.get(f"{self.url}/v1/loads", timeout=5).json()["loads"][0]
+        point = {"running": load["num_running_reqs"], "waiting": load["num_waiting_reqs"],
+                 "usage": load["token_usage"], "retracted": (load.get("queues") or {}).get("retracted", 0)}
+        if self.kind == "real":
+            if self.counters and self.counters.exists():
+                point["decoded"] = json.loads(self.counters.read_text())["decoded_tokens"]
+            if (ratio := _new_token_ratio(httpx.get(f"{self.url}/metrics", timeout=5).text)) is not None:
+                point["ratio"] = ratio
+        else:
+            stats = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+            point["decoded"], point["ratio"] = stats["tokens_generated"], stats["new_token_ratio"]
+        return point
 
     def middle(self, key: str) -> float:
         """The mean of `key` over the middle 80% of the run."""
@@ -189,7 +195,24 @@ def _new_token_ratio(metrics: str) -> float | None:
     return None
 
 
+def _vllm_point(url: str) -> dict[str, float]:
+    """A Timeline point from vLLM's `/metrics` (workers/servers/vllm.py reads the page as the
+    worker does): running, waiting, KV use, and the tokens it generated so far as `decoded`.
+    vLLM counts preemptions since it started, not at the last one: the run's are counted from
+    `server_counters` before and after, not per point."""
+    from genfleet.workers.servers.vllm import METRICS_PATH, read_metrics_page
+
+    page = read_metrics_page(httpx.get(f"{url}{METRICS_PATH}", timeout=5).raise_for_status().text)
+    return {"running": page.running, "waiting": page.waiting, "usage": page.kv_usage,
+            "decoded": page.generated_tokens}
+
+
 def server_counters(kind: str, url: str, counters: Path | None) -> dict[str, int]:
+    if kind == "vllm":
+        from genfleet.workers.servers.vllm import METRICS_PATH, read_metrics_page
+
+        page = read_metrics_page(httpx.get(f"{url}{METRICS_PATH}", timeout=5).raise_for_status().text)
+        return {"decoded_tokens": int(page.generated_tokens), "preemptions": int(page.preemptions)}
     if kind == "sim":
         stats = httpx.get(f"{url}/sim/stats", timeout=5).json()
         return {"decoded_tokens": stats["tokens_generated"], "prefilled_tokens": stats["prefill_tokens_computed"]}
@@ -199,10 +222,11 @@ def server_counters(kind: str, url: str, counters: Path | None) -> dict[str, int
 
 def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Path | None, model: Path,
             rows_path: Path, total: int, config: Config, run: str, *, concurrency: int | None = None,
-            max_new_tokens: int = FULL_CAP) -> dict:
+            max_new_tokens: int = FULL_CAP, enqueue_args: tuple[str, ...] = ("--on-truncated", "continue")) -> dict:
     """One worker (`concurrency` in flight, or this measurement's ceiling under auto and FIXED
-    without), the rows enqueued, until every prompt is finished: the run's figures and its records'
-    output ids. bench/sweep.py runs it at every fixed point too."""
+    without), the rows enqueued (with `enqueue_args`), until every prompt is finished: the run's
+    figures and its records' output ids. `kind`: "real" (SGLang with the tier's plan), "vllm" or
+    "sim". bench/sweep.py runs it at every fixed point too."""
     from bench.real_tier import finished_prompts, wait_for  # one wait and one progress read for every measurement
 
     output = procs.dir / f"output-{run}"
@@ -213,14 +237,14 @@ def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Pat
     worker = procs.start_worker(f"worker-{run}", env, [url])
     procs.wait_ready([worker])
     client = redis_client(redis_url)
-    enqueue_args = ["--max-new-tokens", str(max_new_tokens), "--on-truncated", "continue"]
+    enqueue_flags = ["--max-new-tokens", str(max_new_tokens), *enqueue_args]
     if config.staged:
-        enqueue_args += ["--first-max-new-tokens", "auto"]
+        enqueue_flags += ["--first-max-new-tokens", "auto"]
     before = server_counters(kind, url, counters)
     with Timeline(url, counters, client, run, kind) as timeline:
         started = time.monotonic()
         enqueue = procs.start(f"enqueue-{run}", genfleet("enqueue", "--run", run, "--tokenizer", str(model),
-                                                         "--keep-token-ids", *enqueue_args, f"d={rows_path}"), env)
+                                                         "--keep-token-ids", *enqueue_flags, f"d={rows_path}"), env)
         wait_for(lambda: finished_prompts(client, run) >= total, f"genfleet run {run}", worker, enqueue)
         wall_s = time.monotonic() - started
     after = server_counters(kind, url, counters)
@@ -236,7 +260,9 @@ def run_one(procs: Processes, redis_url: str, kind: str, url: str, counters: Pat
         "decode_rate": timeline.decode_rate(),
         "running": timeline.middle("running"), "waiting": timeline.middle("waiting"),
         "token_usage": timeline.middle("usage"),
-        "retracted_peak": max((p.get("retracted", 0) for p in timeline.points), default=0),
+        # SGLang's requests retracted at once, at most; vLLM's preemptions over the run.
+        "retracted_peak": max((p.get("retracted", 0) for p in timeline.points),
+                              default=0) or after.get("preemptions", 0) - before.get("preemptions", 0),
         # Each request's first token comes out of its prefill, the rest out of decode steps: decode
         # rows beyond that were decoded for nothing (retracted work, or past an end).
         "decoded_tokens": decoded, "decoded_twice": decoded - (tokens - requests),

@@ -392,8 +392,9 @@ def vllm_server_figures(outcome: dict) -> list[Figure]:
 
 
 def sweep_figures(outcome: dict) -> list[Figure]:
-    """Section 13 (bench/sweep.py, run once): per cell, `--in-flight auto` as it ships against the
-    best fixed point and against a fixed 150; then a capped server raised as `status` advised."""
+    """Sections 13 and 14 (bench/sweep.py, run once per server): per cell, `--in-flight auto` as it
+    ships against the best fixed point and against a fixed 150; then a capped server raised as
+    `status` advised."""
     figures = []
     for name, cell in outcome["cells"].items():
         shipped, raised = cell["ratios"]["auto"], cell["ratios"][f"auto, ceiling {400}"]
@@ -418,7 +419,8 @@ def sweep_figures(outcome: dict) -> list[Figure]:
     if remedy := outcome.get("remedy"):
         low = remedy["low"]
         figures.append(Figure(
-            f"A server capped at `--max-running-requests {remedy['low_cap']}`, restarted with "
+            f"A server capped at `{remedy.get('cap_flag', '--max-running-requests')} {remedy['low_cap']}`, "
+            "restarted with "
             f"{remedy['raised_cap']} as `status` advised: steady tok/s raised ÷ capped", [remedy["ratio"]],
             format_ratio,
             detail=f"{remedy['raised']['decode_rate']:,.0f} vs {low['decode_rate']:,.0f} tok/s (wall "

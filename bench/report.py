@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from bench import shared_tail, sweep
+from bench import shared_tail, sweep, sweep_halves
 from bench.figures import (
     MB,
     Figure,
@@ -36,8 +36,8 @@ def render(results: Results) -> str:
         lines += _real_server_section(results)
     if results.vllm_server:
         lines += _vllm_server_section(results)
-    if results.sweep:
-        lines += sweep.section_lines(results.sweep, results.machine.date, results.machine.commit)
+    for outcome in results.sweeps.values():
+        lines += sweep.section_lines(outcome, results.machine.date, results.machine.commit)
     lines += ["## How each figure is measured", ""] + _methods(results) + [""]
     tail = shared_tail.runs_table(results.shared_tail) if results.shared_tail else []
     lines += ["## Every run", ""] + _runs(results) + tail + [""]
@@ -67,7 +67,7 @@ def _heading(results: Results) -> list[str]:
 def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
     """Every measured figure with its number: section.index, the sections fixed (1-2 throughput,
     3 enqueue, 4 scaling, 5 export, 6 useful tokens, 7 control plane, 8 routing, 9 shared tail, 10 on
-    SGLang's own server, 11 one box, 12 on vLLM's own server, 13 the sweep) so a number
+    SGLang's own server, 11 one box, 12 on vLLM's own server, 13 the sweep on SGLang, 14 on vLLM) so a number
     means the same figure in every report."""
     sections: list[tuple[str, list[Figure]]] = []
     if results.throughput:
@@ -93,8 +93,8 @@ def _numbered_figures(results: Results) -> list[tuple[str, Figure]]:
         sections.append(("11", onebox_figures(results.onebox)))
     if results.vllm_server:
         sections.append(("12", vllm_server_figures(results.vllm_server)))
-    if results.sweep:
-        sections.append(("13", sweep_figures(results.sweep)))
+    for key, outcome in results.sweeps.items():
+        sections.append((sweep.SECTIONS[key], sweep_figures(outcome)))
     return [(f"{section}.{i}", figure) for section, group in sections for i, figure in enumerate(group, 1)]
 
 
@@ -118,9 +118,11 @@ def _table(results: Results, numbered: list[tuple[str, Figure]]) -> list[str]:
         not_measured.append(("10", "On SGLang's own server", results.real_server_error or "not run"))
     if "vllm" in results.only and not results.vllm_server:
         not_measured.append(("12", "On vLLM's own server", results.vllm_server_error or "not run"))
-    if "sweep" in results.only and not results.sweep:
-        not_measured.append(("13", "The operating point, swept on SGLang's own server",
-                             results.sweep_error or "not run"))
+    for key, section in sweep.SECTIONS.items():
+        if f"sweep-{key}" in results.only and key not in results.sweeps:
+            title = sweep_halves.half_named(key).title
+            not_measured.append((section, f"The operating point, swept on {title}'s own server",
+                                 results.sweep_errors.get(key, "not run")))
     if "control" in results.only and not results.control:
         not_measured.append(("7", "Control plane cost", results.control_error or "not run"))
     for number, name, why in not_measured:
@@ -322,7 +324,8 @@ def _runs(results: Results) -> list[str]:
 
 REAL_SECTION = "## On SGLang's own server, beside the simulator (section 10)"
 VLLM_SECTION = "## On vLLM's own server (section 12)"
-SECTION_HEADINGS = {"10": REAL_SECTION, "12": VLLM_SECTION, "13": sweep.HEADING}
+SECTION_HEADINGS = {"10": REAL_SECTION, "12": VLLM_SECTION,
+                    **{sweep.SECTIONS[key]: heading for key, heading in sweep.HEADINGS.items()}}
 MISSED_SECTION = "## Missed targets: why, and what would fix them"
 
 

@@ -90,8 +90,9 @@ class Results:
     real_server_error: str | None = None
     vllm_server: dict | None = None  # bench/vllm_server.py: on vLLM's own server, once
     vllm_server_error: str | None = None
-    sweep: dict | None = None  # bench/sweep.py: the operating point on SGLang's own server, once
-    sweep_error: str | None = None
+    # bench/sweep.py: the operating point on each server's own engine ("sglang", "vllm"), once
+    sweeps: dict[str, dict] = field(default_factory=dict)
+    sweep_errors: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
     def raw(self) -> dict:
@@ -101,4 +102,4 @@ class Results:
                 "export": self.export,
                 "useful": self.useful, "loop_guard": self.loop_guard, "affinity": self.affinity,
                 "control": self.control, "shared_tail": self.shared_tail,
-                "real_server": self.real_server, "vllm_server": self.vllm_server, "sweep": self.sweep}
+                "real_server": self.real_server, "vllm_server": self.vllm_server, "sweeps": self.sweeps}

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--repeats 2] [--quick]
                                   [--only throughput,onebox,scaling,enqueue,export,useful,control,affinity,
-                                          tail,real,vllm,sweep]
+                                          tail,real,vllm,sweep (= sweep-sglang,sweep-vllm)]
                                   [--out bench/results.md] [--into-existing]
 
 Each repetition runs throughput (genfleet against the baseline script, the order alternating),
@@ -13,8 +13,9 @@ does `real`: throughput, routing and the loop guard on SGLang 0.5.23's own serve
 tier's venv, built once), each beside the simulator's figure for the same workload
 (bench/real_server.py), and `vllm`: throughput and `--in-flight auto` on vLLM 0.32.0's own server
 (the vLLM tier's venv, built once; bench/vllm_server.py), and `sweep`: the operating point (fixed
-in-flight points against `--in-flight auto`, beside SGLang's own offline engine) and a capped server
-raised as `status` advises, on SGLang's own server (bench/sweep.py, ~40 min). Every benchmark starts and stops its own
+in-flight points against `--in-flight auto`, beside the engine's own offline path) and a capped server
+raised as `status` advises, on SGLang's own server and on vLLM's (bench/sweep.py, bench/sweep_vllm.py;
+~40 min each: `sweep-sglang` or `sweep-vllm` runs one). Every benchmark starts and stops its own
 redis-server, simulators and workers; Ctrl-C stops them all. `--quick` shrinks every size to check
 the harness, not to measure.
 """
@@ -42,6 +43,7 @@ from bench import (  # noqa: E402
     shared_tail,
     standalone,
     sweep,
+    sweep_halves,
     throughput,
     useful_tokens,
     vllm_server,
@@ -50,7 +52,8 @@ from bench.processes import REPO, interrupt_on_signals  # noqa: E402
 from bench.results import Results, machine_info  # noqa: E402
 
 MEASUREMENTS = ("throughput", "onebox", "scaling", "enqueue", "export", "useful", "control", "affinity", "tail",
-                "real", "vllm", "sweep")
+                "real", "vllm", "sweep-sglang", "sweep-vllm")
+ALIASES = {"sweep": ("sweep-sglang", "sweep-vllm")}  # `--only sweep`: both halves
 ENQUEUE_PROMPTS = {False: 100_000, True: 5_000}
 CHAT_ENQUEUE_PROMPTS = {False: 20_000, True: 2_000}
 # Kimi-K2.5's custom-code tiktoken tokenizer, and a fast one (Qwen3's shape): tests/model_shapes.
@@ -95,8 +98,9 @@ def main() -> None:
             _measure_real_server(results)
         if "vllm" in only:
             _measure_vllm_server(results)
-        if "sweep" in only:
-            _measure_sweep(results)
+        for key in ("sglang", "vllm"):
+            if f"sweep-{key}" in only:
+                _measure_sweep(results, key)
     except KeyboardInterrupt:
         log("interrupted: every process this bench started is stopped; no report written")
         sys.exit(130)
@@ -128,7 +132,8 @@ def _parse_args() -> tuple[argparse.Namespace, list[str]]:
     args = parser.parse_args()
     if args.json is None and args.out == DEFAULT_OUT:
         args.json = REPO / "bench" / "results" / "raw.json"
-    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    only = [alias for name in args.only.split(",") if name.strip()
+            for alias in ALIASES.get(name.strip(), (name.strip(),))]
     unknown = set(only) - set(MEASUREMENTS)
     if unknown:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
@@ -245,16 +250,17 @@ def _measure_vllm_server(results: Results) -> None:
         log(f"  {shape}: auto {outcome['tokens_ratio']:.2f}x fixed 150")
 
 
-def _measure_sweep(results: Results) -> None:
+def _measure_sweep(results: Results, key: str) -> None:
     profile = sweep.QUICK if results.quick else sweep.FULL
-    log(f"the operating point on SGLang's own server (once): {profile.describe()}")
+    half = sweep_halves.half_named(key)
+    log(f"the operating point on {half.title}'s own server (once): {sweep.describe(profile, half)}")
     try:
-        results.sweep = sweep.measure(profile, log=log)
+        results.sweeps[key] = sweep.measure(profile, half, log=log)
     except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as error:  # its venv, its server
-        results.sweep_error = str(error).splitlines()[0]
+        results.sweep_errors[key] = str(error).splitlines()[0]
         log(f"  not measured: {error}")
         return
-    for name, cell in results.sweep["cells"].items():
+    for name, cell in results.sweeps[key]["cells"].items():
         ratios = cell["ratios"]["auto"]
         log(f"  {name}: auto {ratios['best_fixed']:.2f}x best fixed ({cell['best_fixed']}), "
             f"{ratios['fixed_150']:.2f}x fixed 150, {ratios['offline']:.2f}x engine offline")

@@ -1,16 +1,19 @@
-"""The operating point, swept on SGLang 0.5.23's own server (section 13 of `make bench`): a fixed
+"""The operating point, swept on each server's own engine (sections 13 and 14 of `make bench`): a fixed
 in-flight per host of 32, 64, 128, 150, 256 and 400 against `--in-flight auto`, on two workload
 shapes and two KV provisions, each beside the engine's own offline throughput on the same prompts;
 then a server whose running cap holds the batch, named by `status`, and restarted as it advises.
+This module is the sweep and its SGLang 0.5.23 half (section 13); bench/sweep_vllm.py is vLLM
+0.32.0's (section 14), through the same cells, modes and report.
 
-    .venv/bin/python bench/run.py --only sweep --into-existing [--quick]
-    .venv/bin/python -m bench.sweep [--quick] [--repeats 2]       (the figures as JSON)
+    .venv/bin/python bench/run.py --only sweep --into-existing [--quick]      (both halves)
+    .venv/bin/python bench/run.py --only sweep-sglang|sweep-vllm --into-existing
+    .venv/bin/python -m bench.sweep_halves [--quick] [--repeats 2] [--server sglang|vllm]  (as JSON)
 
-The server, its step-time model and the seeds' length shape are bench/admission.py's (read its
-docstring: the forward patch sleeps 30 ms + 0.1 ms per request + 20 us per prefilled token, so a
-bigger batch pays as it does on a GPU; the admission, waiting and retraction are SGLang's own). The
-server runs with `--max-running-requests` 500, above every mode, so only the KV cache and the
-client decide the batch.
+SGLang's half: the server, its step-time model and the seeds' length shape are bench/admission.py's
+(read its docstring: the forward patch sleeps 30 ms + 0.1 ms per request + 20 us per prefilled
+token, so a bigger batch pays as it does on a GPU; the admission, waiting and retraction are
+SGLang's own). The server runs with `--max-running-requests` 500, above every mode, so only the KV
+cache and the client decide the batch.
 
 - **workloads**: the seeds' lengths (lognormal, median 646, mean 1,416, cap 10,240, all scaled by
   1/8) and short chat replies (median ~250 tokens, cap 1,024, scaled alike).
@@ -18,9 +21,9 @@ client decide the batch.
   over-provisioned (220,000: room for ~400).
 - **modes**: each fixed point, `--in-flight auto` as it ships (under the short pool's 150) and
   with its ceiling raised to 400 (the user's choice: `--concurrency 400`).
-- **repeats**: the modes of a cell run one after the other on one server (its radix cache flushed
-  between), in order and then in reverse, `repeats` times: a drift of the machine falls on every
-  mode alike. Each cell's figure is the median, the spread min-max.
+- **repeats** (both halves): the modes of a cell run one after the other on one server (its prefix
+  cache flushed between), in order and then in reverse, `repeats` times: a drift of the machine
+  falls on every mode alike. Each cell's figure is the median, the spread min-max.
 - **the ceiling**: the same prompt ids through SGLang's own offline path (bench/sglang_offline.py:
   `Engine.generate` with every request at once, as 0.5.23 `benchmark/offline_throughput.py`
   does), with the same server flags, once per cell after the server runs.
@@ -40,9 +43,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from bench import admission
 from bench.processes import REPO, Processes, env_for, genfleet
@@ -51,7 +55,6 @@ from bench.real_tier import RUN_TIMEOUT_S, RealServer, sglang_venv, tier_model, 
 FIXED_POINTS = (32, 64, 128, 150, 256, 400)
 SHIPPED_CEILING = 150  # the short pool's size (the card's): auto works under it unless raised
 RAISED_CEILING = 400
-SERVER_RUNNING_CAP = 500  # above every mode: the KV cache and the client decide the batch
 CHAT_CAP = round(1024 * admission.LENGTH_SCALE)  # 128
 LOW_RUNNING_CAP = 8
 ALARM_PREFIX = "server-limited:"
@@ -76,15 +79,63 @@ class Profile:
     remedy_prompts: int = 160
     repeats: int = 2
 
-    def describe(self) -> str:
-        return (f"{self.seeds_prompts} prompts of the seeds' lengths and {self.chat_prompts} short chat prompts, "
-                f"x {len(MODES)} modes x 2 provisions, {self.repeats} repeat(s) each way; the server's cap: "
-                f"{self.remedy_prompts} chat prompts at --max-running-requests {LOW_RUNNING_CAP} and "
-                f"{2 * LOW_RUNNING_CAP}")
 
 
 FULL = Profile()
 QUICK = replace(FULL, seeds_prompts=24, chat_prompts=40, remedy_prompts=30, repeats=1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    rows: Callable[[int], list[dict]]
+    count: Callable[[Profile], int]
+    max_new_tokens: int
+    stem: str  # its files' names
+
+
+class Server(Protocol):
+    """One server of a half, started and healthy: what a cell needs of it."""
+    url: str
+    counters: Path | None  # SGLang's plan counters; None where its /metrics has them (vLLM)
+
+    def flush_cache(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Half(Protocol):
+    """One server kind's half of the sweep: its servers, its offline engine, its shapes."""
+    key: str  # "sglang", "vllm": the report's and `--server`'s name
+    title: str  # "SGLang 0.5.23"
+    kind: str  # bench/admission.py run_one's
+    cap_flag: str  # the server's running cap
+    running_cap: int  # above every mode: the KV cache and the client decide the batch
+    provisions: Mapping[str, tuple[str, ...]]  # name -> the server's KV flags
+    workloads: Mapping[str, Workload]
+    enqueue_args: tuple[str, ...]
+    remedy_rows: Callable[[int], list[dict]]
+    remedy_provision: str
+
+    def models(self, tmp: Path) -> dict[str, Path]: ...  # per workload, and "remedy"
+
+    def provenance(self, outcome: dict) -> str: ...  # the section's words on the server, its model and flags
+
+    def start(self, procs: Processes, model: Path, provision: str, running_cap: int, name: str) -> Server: ...
+
+    def offline(self, procs: Processes, model: Path, requests: Path, provision: str) -> dict: ...
+
+
+def describe(profile: Profile, half: Half) -> str:
+    workloads = " and ".join(f"{workload.count(profile)} prompts of {name}"
+                             for name, workload in half.workloads.items())
+    return (f"{workloads}, x {len(MODES)} modes x {len(half.provisions)} provisions, {profile.repeats} repeat(s) each "
+            f"way; the server's cap: {profile.remedy_prompts} chat prompts at `{half.cap_flag} {LOW_RUNNING_CAP}` "
+            f"and {2 * LOW_RUNNING_CAP}")
+
+
+def server_flags(half: Half, provision: str, running_cap: int) -> tuple[str, ...]:
+    """The flags a cell's server runs with (and its offline engine): the provision's and the cap."""
+    return (*half.provisions[provision], half.cap_flag, str(running_cap))
 
 
 def chat_rows(count: int, seed: int = 5) -> list[dict]:
@@ -99,28 +150,78 @@ def chat_rows(count: int, seed: int = 5) -> list[dict]:
     return out
 
 
-WORKLOADS: dict[str, tuple[Callable[[int], list[dict]], Callable[[Profile], int], int]] = {
-    # name: (rows, how many, max_new_tokens)
-    "seeds' lengths": (admission.rows, lambda p: p.seeds_prompts, admission.FULL_CAP),
-    "short chat": (chat_rows, lambda p: p.chat_prompts, CHAT_CAP),
-}
-
-
-# -- the server and its offline twin ----------------------------------------------------------------
+# -- SGLang's half: its server and its offline twin -------------------------------------------------
 
 def _server_env(counters: Path) -> dict[str, str]:
     return {"GENFLEET_PLAN_COUNTERS": str(counters), "GENFLEET_PLAN_STEP_S": ",".join(map(str, admission.STEP_S)),
             **admission.sglang_variables()}
 
 
-def _server_flags(total_tokens: int, running_cap: int) -> list[str]:
-    return ["--max-total-tokens", str(total_tokens), "--max-running-requests", str(running_cap)]
+class SGLangServer:
+    def __init__(self, procs: Processes, model: Path, flags: tuple[str, ...], name: str) -> None:
+        self.process = RealServer(sglang_venv(), model, *flags, "--enable-cache-report", name=name,
+                                  env=_server_env(procs.dir / f"counters-{name}.json")).spawn().wait_healthy()
+        self.url = self.process.url
+        self.counters: Path | None = Path(self.process.extra_env["GENFLEET_PLAN_COUNTERS"])
+
+    def flush_cache(self) -> None:
+        self.process.flush_cache()
+
+    def stop(self) -> None:
+        self.process.stop()
 
 
-def _start_server(procs: Processes, model: Path, total_tokens: int, running_cap: int, name: str) -> RealServer:
-    server = RealServer(sglang_venv(), model, *_server_flags(total_tokens, running_cap), "--enable-cache-report",
-                        name=name, env=_server_env(procs.dir / f"counters-{name}.json"))
-    return server.spawn().wait_healthy()
+class SGLangHalf:
+    key, title, kind = "sglang", "SGLang 0.5.23", "real"
+    cap_flag = "--max-running-requests"
+    running_cap = 500
+    provisions = {name: ("--max-total-tokens", str(tokens)) for name, tokens in admission.SHAPES.items()}
+    workloads = {
+        "seeds' lengths": Workload(admission.rows, lambda p: p.seeds_prompts, admission.FULL_CAP, "seeds"),
+        "short chat": Workload(chat_rows, lambda p: p.chat_prompts, CHAT_CAP, "chat"),
+    }
+    # The plans end every completion under its cap; a cut one is continued, as a job's would be.
+    enqueue_args = ("--on-truncated", "continue")
+    remedy_provision = "over-provisioned"
+
+    @staticmethod
+    def remedy_rows(count: int) -> list[dict]:
+        return chat_rows(count, seed=9)
+
+    @staticmethod
+    def provenance(outcome: dict) -> str:
+        return _sglang_provenance(outcome)
+
+    def models(self, tmp: Path) -> dict[str, Path]:
+        model = tier_model.build(tmp / "model")
+        return {**{name: model for name in self.workloads}, "remedy": model}
+
+    def start(self, procs: Processes, model: Path, provision: str, running_cap: int, name: str) -> Server:
+        return SGLangServer(procs, model, server_flags(self, provision, running_cap), name)
+
+    def offline(self, procs: Processes, model: Path, requests: Path, provision: str) -> dict:
+        """SGLang's offline path on the same ids and flags (bench/sglang_offline.py)."""
+        import server as tier_server  # the tier's, on sys.path through bench.real_tier
+
+        out = procs.dir / f"offline-{requests.stem}.json"  # a cell has a directory of its own
+        # Never spawned: the server's own environment (its venv, PYTHONPATH, threads, plan) for the engine.
+        twin = RealServer(sglang_venv(), model, name="offline", env=_server_env(procs.dir / "counters-offline.json"))
+        command = [str(twin.venv / "bin" / "python"), str(REPO / "bench" / "sglang_offline.py"), str(requests),
+                   str(out), "--model-path", str(model), *tier_server.CPU_ENGINE, *tier_server.DEFAULT_FLAGS,
+                   *server_flags(self, provision, self.running_cap)]
+        return run_offline_script(command, {**os.environ, **twin.environment()}, out, "SGLang")
+
+
+def run_offline_script(command: list[str], env: dict[str, str], out: Path, engine: str) -> dict:
+    """An offline engine's script (bench/sglang_offline.py, bench/vllm_offline.py), and its figures:
+    tok/s over the wall, and the steady decode rate read as a server's is."""
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if result.returncode != 0:
+        raise RuntimeError(f"{engine}'s offline engine failed ({result.returncode}): {result.stderr[-2000:]}")
+    figures = json.loads(out.read_text())
+    figures["tokens_per_s"] = figures["completion_tokens"] / figures["wall_s"]
+    figures["decode_rate"] = admission.steady_decode_rate([tuple(point) for point in figures.pop("decoded")])
+    return figures
 
 
 def offline_requests(path: Path, model: Path, rows: list[dict], max_new_tokens: int) -> Path:
@@ -137,48 +238,29 @@ def offline_requests(path: Path, model: Path, rows: list[dict], max_new_tokens: 
     return path
 
 
-def run_offline(procs: Processes, model: Path, requests: Path, total_tokens: int) -> dict:
-    """SGLang's offline path on the same ids and flags (bench/sglang_offline.py)."""
-    import server as tier_server  # the tier's, on sys.path through bench.real_tier
-
-    out = procs.dir / f"offline-{requests.stem}-{total_tokens}.json"
-    # Never spawned: the server's own environment (its venv, PYTHONPATH, threads, plan) for the engine.
-    twin = RealServer(sglang_venv(), model, name="offline", env=_server_env(procs.dir / "counters-offline.json"))
-    command = [str(twin.venv / "bin" / "python"), str(REPO / "bench" / "sglang_offline.py"), str(requests), str(out),
-               "--model-path", str(model), *tier_server.CPU_ENGINE, *tier_server.DEFAULT_FLAGS,
-               *_server_flags(total_tokens, SERVER_RUNNING_CAP)]
-    result = subprocess.run(command, env={**os.environ, **twin.environment()}, capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT_S)
-    if result.returncode != 0:
-        raise RuntimeError(f"SGLang's offline engine failed ({result.returncode}): {result.stderr[-2000:]}")
-    figures = json.loads(out.read_text())
-    figures["tokens_per_s"] = figures["completion_tokens"] / figures["wall_s"]
-    figures["decode_rate"] = admission.steady_decode_rate([tuple(point) for point in figures.pop("decoded")])
-    return figures
-
-
 # -- one cell ---------------------------------------------------------------------------------------
 
-def measure_cell(procs: Processes, redis_url: str, model: Path, rows_path: Path, count: int, max_new_tokens: int,
-                 total_tokens: int, repeats: int, requests: Path, log: Callable[[str], None]) -> dict:
+def measure_cell(half: Half, procs: Processes, redis_url: str, model: Path, rows_path: Path, count: int,
+                 max_new_tokens: int, provision: str, repeats: int, requests: Path,
+                 log: Callable[[str], None]) -> dict:
     runs: dict[str, list[dict]] = {mode.name: [] for mode in MODES}
-    server = _start_server(procs, model, total_tokens, SERVER_RUNNING_CAP, f"sweep-{total_tokens}")
-    counters = Path(server.extra_env["GENFLEET_PLAN_COUNTERS"])
+    server = half.start(procs, model, provision, half.running_cap, f"sweep-{half.key}-{provision}")
     try:
         for repeat in range(repeats):
             for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
                 server.flush_cache()
-                run = f"sw{total_tokens}r{repeat}{mode.name.replace(' ', '').replace(',', '')}"
-                side = admission.run_one(procs, redis_url, "real", server.url, counters, model, rows_path, count,
-                                         admission.Config(mode.name, staged=False, auto=mode.auto), run,
-                                         concurrency=mode.in_flight, max_new_tokens=max_new_tokens)
+                run = f"sw{provision[:2]}r{repeat}{mode.name.replace(' ', '').replace(',', '')}"
+                side = admission.run_one(procs, redis_url, half.kind, server.url, server.counters, model, rows_path,
+                                         count, admission.Config(mode.name, staged=False, auto=mode.auto), run,
+                                         concurrency=mode.in_flight, max_new_tokens=max_new_tokens,
+                                         enqueue_args=half.enqueue_args)
                 log(f"    {mode.name}: steady {side['decode_rate']:,.0f} tok/s, wall {side['tokens_per_s']:,.0f}, "
                     f"running {side['running']:.0f}, waiting {side['waiting']:.0f}")
                 runs[mode.name].append(side)
     finally:
         server.stop()
-    offline = run_offline(procs, model, requests, total_tokens)
-    log(f"    SGLang offline: steady {offline['decode_rate']:,.0f} tok/s, wall {offline['tokens_per_s']:,.0f}")
+    offline = half.offline(procs, model, requests, provision)
+    log(f"    {half.title} offline: steady {offline['decode_rate']:,.0f} tok/s, wall {offline['tokens_per_s']:,.0f}")
     return summarize_cell(runs, offline)
 
 
@@ -255,26 +337,26 @@ class AlarmWatch:
                 self.line, self.after_s = found, time.monotonic() - self.started
 
 
-def measure_remedy(procs: Processes, redis_url: str, model: Path, rows_path: Path, count: int,
+def measure_remedy(half: Half, procs: Processes, redis_url: str, model: Path, rows_path: Path, count: int,
                    log: Callable[[str], None]) -> dict:
     """Auto as it ships against a server capped at LOW_RUNNING_CAP, then against the same server
     restarted with the cap the alarm advises: tok/s after ÷ before, and the alarm's line."""
-    total_tokens = admission.SHAPES["over-provisioned"]
     sides = {}
+    workload = half.workloads["short chat"]
     for cap in (LOW_RUNNING_CAP, 2 * LOW_RUNNING_CAP):
-        server = _start_server(procs, model, total_tokens, cap, f"cap-{cap}")
+        server = half.start(procs, model, half.remedy_provision, cap, f"cap-{cap}")
         run = f"cap{cap}"
         try:
             watch = AlarmWatch(env_for(redis_url, procs.dir / f"output-{run}"), run)
             with watch:
-                side = admission.run_one(procs, redis_url, "real", server.url,
-                                         Path(server.extra_env["GENFLEET_PLAN_COUNTERS"]), model, rows_path, count,
-                                         admission.Config("auto", staged=False, auto=True), run,
-                                         concurrency=SHIPPED_CEILING, max_new_tokens=CHAT_CAP)
+                side = admission.run_one(procs, redis_url, half.kind, server.url, server.counters, model, rows_path,
+                                         count, admission.Config("auto", staged=False, auto=True), run,
+                                         concurrency=SHIPPED_CEILING, max_new_tokens=workload.max_new_tokens,
+                                         enqueue_args=half.enqueue_args)
         finally:
             server.stop()
         side.update(alarm=watch.line, alarm_after_s=watch.after_s)
-        log(f"    --max-running-requests {cap}: steady {side['decode_rate']:,.0f} tok/s, wall "
+        log(f"    {half.cap_flag} {cap}: steady {side['decode_rate']:,.0f} tok/s, wall "
             f"{side['tokens_per_s']:,.0f}, running {side['running']:.0f}, "
             f"waiting {side['waiting']:.0f}; alarm: {watch.line or 'none'}")
         sides[cap] = side
@@ -282,7 +364,7 @@ def measure_remedy(procs: Processes, redis_url: str, model: Path, rows_path: Pat
     identical = sum(1 for rid, ids in raised.pop("outputs").items() if ids == low["outputs"].get(rid))
     low.pop("outputs")
     keep = ("decode_rate", "tokens_per_s", "running", "waiting", "token_usage", "records", "alarm", "alarm_after_s")
-    return {"low_cap": LOW_RUNNING_CAP, "raised_cap": 2 * LOW_RUNNING_CAP,
+    return {"low_cap": LOW_RUNNING_CAP, "raised_cap": 2 * LOW_RUNNING_CAP, "cap_flag": half.cap_flag,
             "low": {k: low[k] for k in keep}, "raised": {k: raised[k] for k in keep},
             "ratio": raised["decode_rate"] / low["decode_rate"],
             "wall_ratio": raised["tokens_per_s"] / low["tokens_per_s"], "identical": identical}
@@ -290,65 +372,76 @@ def measure_remedy(procs: Processes, redis_url: str, model: Path, rows_path: Pat
 
 # -- the whole sweep --------------------------------------------------------------------------------
 
-def measure(profile: Profile, log: Callable[[str], None] = print) -> dict:
-    outcome: dict = {"sglang": "0.5.23", "profile": asdict(profile), "workload": profile.describe(),
+def measure(profile: Profile, half: Half, log: Callable[[str], None] = print) -> dict:
+    outcome: dict = {"server": half.title, "server_key": half.key, "cap_flag": half.cap_flag,
+                     "running_cap": half.running_cap, "profile": asdict(profile), "workload": describe(profile, half),
                      "step_s": admission.STEP_S, "cells": {}}
-    with tempfile.TemporaryDirectory(prefix="genfleet-bench-sweep-") as tmp_name:
+    outcome["provenance"] = half.provenance(outcome)
+    with tempfile.TemporaryDirectory(prefix=f"genfleet-bench-sweep-{half.key}-") as tmp_name:
         tmp = Path(tmp_name)
-        model = tier_model.build(tmp / "model")
+        models = half.models(tmp)
         paths = {}
-        for workload, (make_rows, how_many, max_new_tokens) in WORKLOADS.items():
-            rows = make_rows(how_many(profile))
-            stem = "seeds" if workload.startswith("seeds") else "chat"
-            paths[workload] = (write_rows(tmp / f"{stem}.jsonl", rows),
-                               offline_requests(tmp / f"{stem}-requests.json", model, rows, max_new_tokens))
-        for workload, (_, how_many, max_new_tokens) in WORKLOADS.items():
-            for provision, total_tokens in admission.SHAPES.items():
-                log(f"  sweep: {workload}, {provision} (--max-total-tokens {total_tokens:,})")
-                with Processes(prefix="genfleet-bench-sweep-") as procs:
+        for name, workload in half.workloads.items():
+            rows = workload.rows(workload.count(profile))
+            paths[name] = (write_rows(tmp / f"{workload.stem}.jsonl", rows),
+                           offline_requests(tmp / f"{workload.stem}-requests.json", models[name], rows,
+                                            workload.max_new_tokens))
+        for name, workload in half.workloads.items():
+            for provision in half.provisions:
+                flags = " ".join(server_flags(half, provision, half.running_cap))
+                log(f"  sweep on {half.title}: {name}, {provision} ({flags})")
+                with Processes(prefix=f"genfleet-bench-sweep-{half.key}-") as procs:
                     _, redis_url = procs.start_redis()
-                    rows_path, requests = paths[workload]
-                    cell = measure_cell(procs, redis_url, model, rows_path, how_many(profile), max_new_tokens,
-                                        total_tokens, profile.repeats, requests, log)
-                outcome["cells"][f"{workload}, {provision}"] = {"max_total_tokens": total_tokens,
-                                                                "max_new_tokens": max_new_tokens, **cell}
-        log(f"  the server's cap: --max-running-requests {LOW_RUNNING_CAP}, then as advised")
-        with Processes(prefix="genfleet-bench-sweep-cap-") as procs:
+                    rows_path, requests = paths[name]
+                    cell = measure_cell(half, procs, redis_url, models[name], rows_path, workload.count(profile),
+                                        workload.max_new_tokens, provision, profile.repeats, requests, log)
+                outcome["cells"][f"{name}, {provision}"] = {"flags": flags,
+                                                            "max_new_tokens": workload.max_new_tokens, **cell}
+        log(f"  the server's cap: {half.cap_flag} {LOW_RUNNING_CAP}, then as advised")
+        with Processes(prefix=f"genfleet-bench-sweep-{half.key}-cap-") as procs:
             _, redis_url = procs.start_redis()
-            remedy_rows = write_rows(tmp / "remedy.jsonl", chat_rows(profile.remedy_prompts, seed=9))
-            outcome["remedy"] = measure_remedy(procs, redis_url, model, remedy_rows, profile.remedy_prompts, log)
+            remedy_rows = write_rows(tmp / "remedy.jsonl", half.remedy_rows(profile.remedy_prompts))
+            outcome["remedy"] = measure_remedy(half, procs, redis_url, models["remedy"], remedy_rows,
+                                               profile.remedy_prompts, log)
     return outcome
 
 
-# -- the report's section ---------------------------------------------------------------------------
+# -- the report's sections --------------------------------------------------------------------------
 
-HEADING = "## The operating point: a sweep on SGLang's own server (section 13)"
+HEADINGS = {"sglang": "## The operating point: a sweep on SGLang's own server (section 13)",
+            "vllm": "## The operating point: a sweep on vLLM's own server (section 14)"}
+SECTIONS = {"sglang": "13", "vllm": "14"}
+HEADING = HEADINGS["sglang"]
+
+
+def _sglang_provenance(outcome: dict) -> str:
+    fixed_s, per_request, per_token = outcome["step_s"]
+    return (f"on SGLang {outcome['server'].split()[-1]}'s own server (the real-server tier's CPU engine, the forward "
+            f"pass replaced by the plan; a step sleeps {fixed_s * 1000:g} ms + {per_request * 1000:g} ms per request "
+            f"+ {per_token * 1e6:g} µs per prefilled token: a model of a GPU step, bench/admission.py); "
+            f"{outcome['workload']}. `--max-running-requests {outcome['running_cap']}`: only the KV cache and the "
+            "client bound the batch. Running, waiting, usage: `/v1/loads` over the middle 80% of the run; "
+            "offline: the same prompt ids through SGLang's own offline path (`Engine.generate`, every request at "
+            "once, as `sglang.benchmark.offline_throughput` does), same flags.")
 
 
 def section_lines(outcome: dict, date: str, commit: str) -> list[str]:
-    fixed_s, per_request, per_token = outcome["step_s"]
+    key = outcome.get("server_key", "sglang")
+    provenance = outcome.get("provenance") or _sglang_provenance(outcome)  # a report from before the halves
     repeats = outcome["profile"]["repeats"]
-    lines = [HEADING, "",
-             f"Measured {date} at commit {commit} on SGLang {outcome['sglang']}'s own server (the real-server tier's "
-             f"CPU engine, the forward pass replaced by the plan; a step sleeps {fixed_s * 1000:g} ms + "
-             f"{per_request * 1000:g} ms per request + {per_token * 1e6:g} µs per prefilled token: a model of a GPU "
-             f"step, bench/admission.py); {outcome['workload']}. `--max-running-requests 500`: only the KV cache and "
-             f"the client bound the batch. A cell's modes ran on one server {repeats} time(s), "
-             "alternately in order and reversed (its radix cache flushed between runs); steady tok/s: the server's "
-             "own decode count from 10% to 80% of what it decoded (median, min–max): what a long job runs at, "
-             "where the modes are judged (a run of a few hundred prompts ends in one long completion's tail, "
-             "which no client setting shortens); wall tok/s: the records' completion tokens ÷ wall; running, "
-             "waiting, usage: `/v1/loads` over the middle "
-             "80% of the run; identical: records equal, token for token, to the "
-             "first fixed-150 run's; offline: the same prompt ids through SGLang's own offline path "
-             "(`Engine.generate`, every request at once, as `sglang.benchmark.offline_throughput` does), same flags.",
-             ""]
+    title = outcome["server"].split()[0]
+    lines = [HEADINGS[key], "",
+             f"Measured {date} at commit {commit} {provenance} A cell's modes ran on one server "
+             f"{repeats} time(s), alternately in order and reversed (its prefix cache flushed between runs); steady "
+             "tok/s: the server's own decode count from 10% to 80% of what it decoded (median, min–max): what a "
+             "long job runs at, where the modes are judged (a run of a few hundred prompts ends in one long "
+             "completion's tail, which no client setting shortens); wall tok/s: the records' completion tokens ÷ "
+             "wall; identical: records equal, token for token, to the first fixed-150 run's.", ""]
     for name, cell in outcome["cells"].items():
         offline = cell["offline"]
-        lines += [f"**{name}** (`--max-total-tokens {cell['max_total_tokens']:,}`, max_new_tokens "
-                  f"{cell['max_new_tokens']:,})", "",
-                  "| mode | steady tok/s | min – max | wall tok/s | running | waiting | KV use | retracted | decoded "
-                  "twice | identical | target over time |",
+        lines += [f"**{name}** (`{cell['flags']}`, max_new_tokens {cell['max_new_tokens']:,})", "",
+                  "| mode | steady tok/s | min – max | wall tok/s | running | waiting | KV use | "
+                  f"{'preempted' if key == 'vllm' else 'retracted'} | decoded twice | identical | target over time |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for mode, m in cell["modes"].items():
             best = " (best fixed)" if mode == cell["best_fixed"] else ""
@@ -358,7 +451,7 @@ def section_lines(outcome: dict, date: str, commit: str) -> list[str]:
                          f"{m['retracted']} | "
                          f"{m['decoded_twice']:,} | {m['identical']} of {m['records']} | "
                          f"{' '.join(f'{t}s:{v}' for t, v in m['target_over_time'][:10]) or '—'} |")
-        lines.append(f"| SGLang offline (no HTTP, no client) | {offline['decode_rate']:,.0f} | | "
+        lines.append(f"| {title} offline (no HTTP, no client) | {offline['decode_rate']:,.0f} | | "
                      f"{offline['tokens_per_s']:,.0f} | | | | | | {offline['identical']} of {offline['records']} | |")
         lines.append("")
         for auto, r in cell["ratios"].items():
@@ -369,33 +462,14 @@ def section_lines(outcome: dict, date: str, commit: str) -> list[str]:
         lines.append("")
     if remedy := outcome.get("remedy"):
         low, raised = remedy["low"], remedy["raised"]
+        flag = remedy.get("cap_flag", "--max-running-requests")
         lines += [f"**The server's cap**: {outcome['profile']['remedy_prompts']} short chat prompts, auto as it ships, "
-                  f"over-provisioned KV. At `--max-running-requests {remedy['low_cap']}`: "
+                  f"over-provisioned KV. At `{flag} {remedy['low_cap']}`: "
                   f"{low['decode_rate']:,.0f} steady tok/s, running {low['running']:.0f}, waiting "
                   f"{low['waiting']:.0f}; "
                   f"`genfleet status` after {low['alarm_after_s'] or 0:.0f} s: `{low['alarm'] or 'no alarm'}`. "
-                  f"Restarted with `--max-running-requests {remedy['raised_cap']}`: {raised['decode_rate']:,.0f} "
+                  f"Restarted with `{flag} {remedy['raised_cap']}`: {raised['decode_rate']:,.0f} "
                   f"steady tok/s, running {raised['running']:.0f}, alarm: {raised['alarm'] or 'none'}. **Raised ÷ "
                   f"capped {remedy['ratio']:.2f}×** (wall {remedy['wall_ratio']:.2f}×); records identical "
                   f"{remedy['identical']} of {raised['records']}.", ""]
     return lines
-
-
-def main() -> None:
-    import argparse
-
-    from bench.processes import interrupt_on_signals
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int)
-    args = parser.parse_args()
-    interrupt_on_signals()
-    profile = QUICK if args.quick else FULL
-    if args.repeats:
-        profile = replace(profile, repeats=args.repeats)
-    print(json.dumps(measure(profile), indent=1, default=str))
-
-
-if __name__ == "__main__":
-    main()

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import random
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -77,9 +76,7 @@ def _tier_module(name: str) -> ModuleType:
 
 def build_bench_model(venv: Path, path: Path) -> Path:
     """tests/vllm_real/model_dir.py `build_bench`, by the tier's venv (it needs torch)."""
-    subprocess.run([str(venv / "bin" / "python"), str(TIER / "model_dir.py"), "--bench", str(path)], check=True,
-                   capture_output=True, text=True)
-    return path
+    return _tier_module("server").build_model(venv, path, bench=True)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from helpers.paths import REPO
 
 sys.path.insert(0, str(REPO))
 
-from bench import sweep  # noqa: E402
+from bench import sweep, sweep_halves  # noqa: E402
 from bench.figures import sweep_figures  # noqa: E402
 
 OUTPUTS = {"a": [1, 2, 3], "b": [4, 5]}
@@ -47,15 +47,20 @@ def test_a_mode_whose_records_differ_counts_its_worst_run():
     assert summary["offline"]["identical"] == 2 and "outputs" not in summary["offline"]
 
 
-def outcome(summary: dict) -> dict:
-    return {"sglang": "0.5.23", "profile": {"repeats": 2, "remedy_prompts": 10}, "workload": "w",
-            "step_s": (0.03, 0.0001, 0.00002),
-            "cells": {"short chat, kv-limited": {"max_total_tokens": 12_000, "max_new_tokens": 128, **summary}},
-            "remedy": {"low_cap": 8, "raised_cap": 16, "ratio": 1.8, "wall_ratio": 1.5, "identical": 10,
+def outcome(summary: dict, half: str = "sglang") -> dict:
+    server = sweep_halves.half_named(half)
+    measured = {"server": server.title, "server_key": half, "cap_flag": server.cap_flag,
+                "running_cap": server.running_cap,
+            "profile": {"repeats": 2, "remedy_prompts": 10}, "workload": "w", "step_s": (0.03, 0.0001, 0.00002),
+            "cells": {"short chat, kv-limited": {"flags": " ".join(sweep.server_flags(server, "kv-limited", 500)),
+                                                 "max_new_tokens": 128, **summary}},
+            "remedy": {"low_cap": 8, "raised_cap": 16, "cap_flag": server.cap_flag, "ratio": 1.8, "wall_ratio": 1.5,
+                       "identical": 10,
                        "low": {"decode_rate": 210.0, "tokens_per_s": 200.0, "running": 8, "waiting": 40,
                                "alarm": "server-limited: x", "alarm_after_s": 6.0, "records": 10},
                        "raised": {"decode_rate": 380.0, "tokens_per_s": 360.0, "running": 16, "waiting": 30,
                                   "alarm": None, "records": 10}}}
+    return {**measured, "provenance": server.provenance(measured)}
 
 
 def test_the_figures_judge_auto_as_it_ships_and_explain_a_miss():
@@ -74,3 +79,25 @@ def test_the_section_names_every_mode_and_the_offline_ceiling():
     for mode in sweep.MODES:
         assert f"| {mode.name}" in lines
     assert "Raised ÷ capped 1.80×" in lines and "`server-limited: x`" in lines
+
+
+def test_the_vllm_half_has_its_own_section_flags_and_offline_row():
+    lines = "\n".join(sweep.section_lines(outcome(cell({}), half="vllm"), "today", "abc1234"))
+    assert sweep.HEADINGS["vllm"] in lines and sweep.HEADING not in lines
+    assert "vLLM offline (no HTTP, no client)" in lines and "| preempted |" in lines
+    assert "`--num-gpu-blocks-override 64 --max-num-seqs 500`" in lines
+    assert "At `--max-num-seqs 8`" in lines and "--max-running-requests" not in lines
+    remedy = sweep_figures(outcome(cell({}), half="vllm"))[-1]
+    assert remedy.name.startswith("A server capped at `--max-num-seqs 8`"), remedy.name
+
+
+def test_only_sweep_runs_both_halves():
+    import bench.run as bench_run
+
+    argv = sys.argv
+    try:
+        sys.argv = ["run.py", "--only", "sweep,real", "--out", "/dev/null"]
+        _, only = bench_run._parse_args()
+    finally:
+        sys.argv = argv
+    assert only == ["sweep-sglang", "sweep-vllm", "real"]

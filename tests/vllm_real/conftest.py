@@ -27,6 +27,13 @@ def model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bench_model(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bench's model (model_dir.py `build_bench`: 6 layers, stop ids that end completions at
+    many lengths): slow enough on this machine that a batch outlives the pages read about it."""
+    return build_model(venv, tmp_path_factory.mktemp("bench-model") / "bench-qwen3", bench=True)
+
+
+@pytest.fixture(scope="session")
 def vllm(venv: Path, model: Path) -> Iterator[VllmProcess]:
     server = VllmProcess(venv, model, "--reasoning-parser", "qwen3", name="vllm")
     try:

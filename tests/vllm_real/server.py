@@ -31,9 +31,10 @@ def vllm_venv() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def build_model(venv: Path, path: Path) -> Path:
-    subprocess.run([str(venv / "bin" / "python"), str(HERE / "model_dir.py"), str(path)], check=True,
-                   capture_output=True, text=True)
+def build_model(venv: Path, path: Path, *, bench: bool = False) -> Path:
+    """The tier's tiny model, or (`bench`) the bench's: model_dir.py, by the tier's venv (it needs torch)."""
+    subprocess.run([str(venv / "bin" / "python"), str(HERE / "model_dir.py"), *(["--bench"] if bench else []),
+                    str(path)], check=True, capture_output=True, text=True)
     return path
 
 
