@@ -110,9 +110,10 @@ soak-seeds: install redis-server
 	for seed in 1 2 3 4 5; do $(PY) tests/soak/soak.py --seed $$seed --minutes 8 || exit 1; done
 	$(PY) tests/soak/soak.py --seed 6 --minutes 4 --faults $(STARVATION_FAULTS) --first $(STARVATION_FAULTS)
 
-# About 85 minutes: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
+# About two hours: throughput, occupancy, CPU per token against the baseline script, enqueue rate,
 # scaling over simulated hosts, export, and on SGLang's and vLLM's own servers (their tiers' venvs,
-# built once), and the operating-point sweep on SGLang's (~45 of them); writes bench/results.md. Not part of `make test`.
+# built once), and the operating-point sweep on each (~45 and ~40 of them); writes bench/results.md.
+# Not part of `make test`.
 bench: install redis-server
 	$(PY) bench/run.py
 

@@ -80,7 +80,6 @@ class Profile:
     repeats: int = 2
 
 
-
 FULL = Profile()
 QUICK = replace(FULL, seeds_prompts=24, chat_prompts=40, remedy_prompts=30, repeats=1)
 
