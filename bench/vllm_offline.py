@@ -18,6 +18,7 @@ own `EngineArgs` parser.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -41,7 +42,8 @@ def main(argv: list[str]) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     engine_args = EngineArgs.from_cli_args(EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags))
-    engine_args.disable_log_stats = False  # LLM's default is off: the counter the decode rate is read from
+    # LLM's default is off: the counter the decode rate is read from.
+    engine_args = dataclasses.replace(engine_args, disable_log_stats=False)
     with open(requests_path) as file:
         requests = json.load(file)
     llm = LLM.from_engine_args(engine_args)
