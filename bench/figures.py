@@ -396,9 +396,11 @@ def sweep_figures(outcome: dict) -> list[Figure]:
     ships against the best fixed point and against a fixed 150; then a capped server raised as
     `status` advised."""
     figures = []
+    server_key = outcome.get("server_key", "sglang")
     for name, cell in outcome["cells"].items():
         shipped, raised = cell["ratios"]["auto"], cell["ratios"][f"auto, ceiling {400}"]
         auto, best = cell["modes"]["auto"], cell["modes"][cell["best_fixed"]]
+        note = partial(target_notes.sweep_note, server_key, name, cell)
         figures += [
             Figure(f"Sweep, {name}: steady tok/s, `--in-flight auto` ÷ the best fixed point",
                    [shipped["best_fixed"]], format_ratio,
@@ -407,14 +409,14 @@ def sweep_figures(outcome: dict) -> list[Figure]:
                           f"running {auto['running']:.0f} vs {best['running']:.0f}, waiting {auto['waiting']:.0f} vs "
                           f"{best['waiting']:.0f}; ceiling 400: {raised['best_fixed']:.2f}×; ÷ engine offline "
                           f"{shipped['offline']:.2f}× (ceiling 400: {raised['offline']:.2f}×)",
-                   target="≥ 0.95×", meets=lambda v: v >= 0.95, note=partial(target_notes.sweep_note, name, cell)),
+                   target="≥ 0.95×", meets=lambda v: v >= 0.95, note=note),
             Figure(f"Sweep, {name}: steady tok/s, `--in-flight auto` ÷ fixed 150", [shipped["fixed_150"]],
                    format_ratio,
                    detail=f"wall {shipped['fixed_150_wall']:.2f}×; ceiling 400: {raised['fixed_150']:.2f}×; records "
                           "identical across modes: "
                           f"{min(m['identical'] for m in cell['modes'].values())} of {auto['records']} (offline "
                           f"{cell['offline']['identical']})",
-                   target="≥ 1.0×", meets=lambda v: v >= 1.0, note=partial(target_notes.sweep_note, name, cell)),
+                   target="≥ 1.0×", meets=lambda v: v >= 1.0, note=note),
         ]
     if remedy := outcome.get("remedy"):
         low = remedy["low"]

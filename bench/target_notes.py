@@ -250,9 +250,10 @@ def vllm_throughput_note(tp: dict) -> str:
     )
 
 
-def sweep_note(name: str, cell: dict) -> str:
+def sweep_note(server_key: str, name: str, cell: dict) -> str:
     """A sweep cell where auto missed, read from the server's own counters: what auto ran at against
-    the best fixed point."""
+    the best fixed point. `server_key`: the half's server ("sglang" or "vllm"), whose word for a
+    request whose KV ran out mid-decode is its own (SGLang retracts, vLLM preempts)."""
     auto, best = cell["modes"]["auto"], cell["modes"][cell["best_fixed"]]
     raised = cell["ratios"]["auto, ceiling 400"]
     why = [f"auto {auto['decode_rate']:,.0f} steady tok/s at {auto['running']:.0f} running, {cell['best_fixed']} "
@@ -264,7 +265,8 @@ def sweep_note(name: str, cell: dict) -> str:
         why.append(f"auto kept {auto['waiting']:.1f} waiting where the best kept {best['waiting']:.0f}: the server "
                    "sometimes ran out of queued work between steps")
     if auto["retracted"] > best["retracted"]:
-        why.append(f"SGLang retracted {auto['retracted']} under auto against {best['retracted']}")
+        shed = "vLLM preempted" if server_key == "vllm" else "SGLang retracted"
+        why.append(f"{shed} {auto['retracted']} under auto against {best['retracted']}")
     spread = max(m["max"] / m["min"] - 1 for m in cell["modes"].values() if m["min"])
     why.append(f"runs of one mode spread by up to {spread:.0%} on this machine")
     return f"{name}: " + "; ".join(why) + "."

@@ -13,7 +13,6 @@ their decoded tokens are computed again). vLLM's `/metrics` gives the same, read
 become those since the reading before, and a tok/s over the time between).
 
 The rule, per host, every `admission_interval_s`:
-- retractions: the KV cache ran out; lower the target to four fifths of this worker's streams.
 - a waiting queue above twice the wanted one: at least `wanted_waiting` (a few requests, 5% of
   those running), and no fewer than the fleet's requests in the pipe to the host (`in_transit`).
   The queue is to be short, never empty, so that the scheduler refills a finished request's slot
@@ -23,6 +22,15 @@ The rule, per host, every `admission_interval_s`:
   by its share of what the server holds. Between once and twice it: hold. (Decreases start from
   the streams open, not from the last target: lowering a target closes no stream, so the readings
   until the streams drain would otherwise lower it again and again, down to one.)
+- retractions or preemptions (the KV cache ran out mid-decode), with no long queue: hold. The
+  server sheds that load itself: SGLang sets its new_token_ratio from the retraction and admits
+  less (0.5.23 `managers/scheduler.py`, after `batch.retract_decode()`), and vLLM puts the request
+  it preempts back in its waiting queue and admits nothing more in that step (0.32.0
+  `v1/core/sched/scheduler.py` `schedule`, `_preempt_request`). What the client's count decides is
+  only the queue: a raise would lengthen it, and a cut below it, which this rule once made (to four
+  fifths of the streams), starves the batch. On vLLM's own server a preemption came at every
+  fixed count alike (27 at 32 in flight, 28 at 400: bench/results.md section 14), and after 6 of
+  them auto's cut left 35 running where fixed 128 ran 42 with 13 waiting (0.88× its tok/s).
 - a waiting queue below it, and this worker filling its target: raise the target, by a quarter
   when nothing waits (doubled while the KV cache is less than half in use: a raise can only
   overfill a host by queueing, which the next reading shows, or by running its KV out, which is
@@ -80,7 +88,6 @@ RAISE_FACTOR = 1.25
 # Nothing waiting and the KV cache less than this full: raise by ROOMY_RAISE_FACTOR instead.
 ROOMY_USAGE = 0.5
 ROOMY_RAISE_FACTOR = 2.0
-RETRACTION_FACTOR = 0.8
 EXCESS_GAIN = 0.5
 # Raises that did not lift the host's tok/s by this fraction, FLAT_RAISES readings after the first
 # of them, count as flat.
@@ -145,10 +152,10 @@ def next_target(host: HostAdmission, load: ServerLoad, *, mine: int, ceiling: in
     # before the streams drain ask for the same target again instead of lowering it once more each.
     if mine == 0:
         pass  # no stream of this worker's is in the server's counts: its target is not what they say
-    elif load.retracted > 0:
-        target = min(target, mine * RETRACTION_FACTOR)
     elif load.waiting > 2 * wanted:
         target = min(target, mine - share * (load.waiting - wanted) * EXCESS_GAIN)
+    elif load.retracted > 0:
+        pass  # the server sheds what its KV cache could not hold: the batch is its own (see above)
     elif load.waiting < wanted and filling and now >= host.hold_until and target < ceiling:
         # A host that reports no tok/s yet (SGLang's first log interval has not ended) has nothing
         # to judge a raise by: judged against 0, the first raises of every run looked flat.

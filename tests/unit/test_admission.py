@@ -1,7 +1,7 @@
 """`--in-flight auto`'s rule (workers/admission.py) against a model server: the combined target of
 several workers on one host settles where one worker's does, a host with room is filled up to the
-ceiling while its tok/s rises and no further once it stops rising, and retractions and a long
-queue lower the target. The model server admits `admits` requests (its KV cache) and queues the
+ceiling while its tok/s rises and no further once it stops rising, a long queue lowers the target
+and retractions hold it. The model server admits `admits` requests (its KV cache) and queues the
 rest, as SGLang does."""
 from __future__ import annotations
 
@@ -138,9 +138,17 @@ def test_raises_that_did_not_lift_the_hosts_tok_s_go_back_to_where_they_started(
     assert settle(1, admits=1000, ceiling=400, saturates_at=60, steps=20) == [START]
 
 
-def test_a_retraction_lowers_the_target_by_a_fifth_and_a_long_queue_by_half_the_excess():
+def test_a_retraction_holds_the_target_and_a_long_queue_lowers_it_by_half_the_excess():
+    # The KV ran out mid-decode: the server sheds that load itself (SGLang's new_token_ratio,
+    # vLLM's preemption back to its queue). A cut below its batch would starve it; a raise only queues.
     host = HostAdmission(target=100)
-    assert next_target(host, reading(100, 100, retracted=3), mine=100, ceiling=150, now=0.0) == 80
+    assert next_target(host, reading(100, 100, retracted=3), mine=100, ceiling=150, now=0.0) == 100
+    host = HostAdmission(target=100)
+    assert next_target(host, replace(reading(100, 100, retracted=3), waiting=0, token_usage=0.2),
+                       mine=100, ceiling=150, now=0.0) == 100
+    # With a long queue as well, the queue's rule lowers it, by the queue's excess alone.
+    host = HostAdmission(target=100)
+    assert next_target(host, reading(100, 60, retracted=3), mine=100, ceiling=150, now=0.0) == 81.5
     host = HostAdmission(target=100)
     # 100 held, 60 admitted: 40 waiting, 3 wanted, this worker holds all: down by half of 37.
     assert next_target(host, reading(100, 60), mine=100, ceiling=150, now=0.0) == 81.5

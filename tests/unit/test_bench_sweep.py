@@ -101,3 +101,11 @@ def test_only_sweep_runs_both_halves():
     finally:
         sys.argv = argv
     assert only == ["sweep-sglang", "sweep-vllm", "real"]
+
+
+def test_a_missed_cell_names_what_its_own_server_did_when_the_kv_ran_out():
+    summary = cell({"fixed 128": [1000.0, 1000.0], "fixed 150": [900.0, 900.0], "auto": [800.0, 800.0]})
+    summary["modes"]["auto"]["retracted"] = 6
+    notes = {half: sweep_figures(outcome(summary, half=half))[0].note() for half in ("sglang", "vllm")}
+    assert "SGLang retracted 6 under auto" in notes["sglang"]
+    assert "vLLM preempted 6 under auto" in notes["vllm"] and "SGLang" not in notes["vllm"]
