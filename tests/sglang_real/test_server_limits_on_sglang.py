@@ -4,9 +4,8 @@ worker offering it far more, requests waiting and the KV cache mostly free (comm
 0.5.23 reports its cap in `/v1/loads`, `managers/load_snapshot.py`)."""
 from __future__ import annotations
 
-import json
-
 import pytest
+from helpers.server_limits import assert_the_cap_is_named
 from helpers.waits import wait_until
 from server import RealServer
 from tier import enqueue, write_plan_prompts
@@ -27,19 +26,6 @@ def test_status_and_doctor_name_max_running_requests_within_a_minute(venv, model
         enqueue(real_fleet, model, "cap", f"c={data}", extra=("--max-new-tokens", "400"))
         wait_until(lambda: server.load()["num_waiting_reqs"] > 0, 120, 0.2, "requests waiting at the server")
 
-        def alarm() -> str | None:
-            status = json.loads(real_fleet.genfleet("status", "--run", "cap", "--json").stdout)
-            return next((line for line in status["alarms"] if line.startswith("server-limited:")), None)
-
-        # Within a minute of requests waiting (a beacon every few seconds carries the load).
-        line = wait_until(alarm, 60, 0.5, "a server-limited alarm")
-        assert f"--max-running-requests {LOW_CAP}" in line and server.url in line, line
-
-        result = real_fleet.genfleet("doctor", "--json", "--upstream", server.url, check=False)
-        rows = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
-        row = rows[f"upstream {server.url}"]
-        assert row["status"] == "warn", row
-        assert f"the server limits the batch: {LOW_CAP} running, its cap (--max-running-requests {LOW_CAP})" \
-            in row["detail"], row
+        assert_the_cap_is_named(real_fleet, "cap", server.url, "--max-running-requests", LOW_CAP)
     finally:
         server.stop()

@@ -9,11 +9,10 @@ the next requests reach the server, so every other page read 0 running and 0 wai
 was ever held (measured here); the bench's 6 layers take seconds over a completion of ~250 tokens."""
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from helpers.data import write_jsonl
+from helpers.server_limits import assert_the_cap_is_named
 from helpers.waits import wait_until
 from server import VllmProcess
 
@@ -41,20 +40,7 @@ def test_status_and_doctor_name_max_num_seqs_within_a_minute(venv, bench_model, 
                        "--max-new-tokens", str(MAX_NEW_TOKENS), f"c={data}")
         wait_until(lambda: waiting(server) > 0, 120, 0.2, "requests waiting at the server")
 
-        def alarm() -> str | None:
-            status = json.loads(fleet.genfleet("status", "--run", "cap", "--json").stdout)
-            return next((line for line in status["alarms"] if line.startswith("server-limited:")), None)
-
-        # Within a minute of requests waiting (the cap is known after a few pages, and a beacon
-        # every few seconds carries the load).
-        line = wait_until(alarm, 60, 0.5, "a server-limited alarm")
-        assert f"--max-num-seqs {LOW_CAP}" in line and server.url in line, line
-
-        result = fleet.genfleet("doctor", "--json", "--upstream", server.url, check=False)
-        rows = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
-        row = rows[f"upstream {server.url}"]
-        assert row["status"] == "warn", row
-        assert f"the server limits the batch: {LOW_CAP} running, its cap (--max-num-seqs {LOW_CAP})" \
-            in row["detail"], row
+        # vLLM's cap is known after a few pages with requests waiting (workers/servers/vllm.py).
+        assert_the_cap_is_named(fleet, "cap", server.url, "--max-num-seqs", LOW_CAP)
     finally:
         server.stop()
