@@ -11,8 +11,8 @@ its own page: workers/servers/) and name the flag with the figure behind the adv
   `--max-num-seqs` (0.32 `config/scheduler.py` `max_num_seqs`; the scheduler admits no more once
   `num_running >= self.max_num_active_reqs`, which defaults to it, `v1/core/sched/scheduler.py`). vLLM's
   `/metrics` does not carry max_num_seqs (only the cache config's info gauge,
-  `v1/metrics/loggers.py` `log_metrics_info`), so its cap is the running count held flat over
-  several readings with requests waiting (workers/servers/vllm.py `LoadMeter`).
+  `v1/metrics/loggers.py` `log_metrics_info`), so its cap is the running count's high mark held
+  over several readings with requests waiting (workers/servers/vllm.py `LoadMeter`).
 - the KV cache full with requests retracted (SGLang, `queues.retracted` in `/v1/loads`) or
   preempted (vLLM, `vllm:num_preemptions`): SGLang's `--mem-fraction-static` (the share of GPU
   memory for weights and the KV pool, `model_executor/pool_configurator.py`), vLLM's

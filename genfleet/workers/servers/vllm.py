@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from genfleet.common.fleet_stats import VLLM, ServerLoad
+from genfleet.common.fleet_stats import VLLM, ServerLoad, running_cap_slack
 from genfleet.common.server_limits import KV_FREE_BELOW
 from genfleet.workers.errors import IntegrityError, PermanentError, UpstreamAborted
 from genfleet.workers.generation.loop_guard import StreamWatch
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 METRICS_PATH = "/metrics"
-CAP_READINGS = 3  # pages in a row at one running count, requests waiting: its --max-num-seqs
+CAP_READINGS = 3  # pages in a row at one high mark of running, requests waiting: its --max-num-seqs
 VERSION_PATH = "/version"
 MODELS_PATH = "/v1/models"
 
@@ -206,21 +206,23 @@ class LoadMeter:
     rate it could not judge whether its raises added tok/s. The first page of an upstream, and the
     first after its counters fell (a restarted server), has no page before it: 0 and 0.
 
-    vLLM's page does not say its `--max-num-seqs` (server_limits.py): a running count held at the
-    same value over `CAP_READINGS` pages in a row, each with requests waiting and the KV cache
+    vLLM's page does not say its `--max-num-seqs` (server_limits.py): a running count that stays at
+    one high mark over `CAP_READINGS` pages in a row, each with requests waiting and the KV cache
     mostly free, is taken as the cap (`max_running`): below its cap the scheduler admits a waiting
-    request at its next step (v1/core/sched/scheduler.py), so the count would not hold."""
+    request at its next step (v1/core/sched/scheduler.py), so the count would not hold. "Stays at"
+    allows the dip `running_cap_slack` (fleet_stats.py): a page read between two steps counts that
+    step's finished requests out and their replacements not yet in."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[float, MetricsPage]] = {}
-        self._held: dict[str, tuple[int, int]] = {}  # upstream -> (running, pages it held with requests waiting)
+        self._held: dict[str, tuple[int, int]] = {}  # upstream -> (high mark, pages in a row at it)
         self._lock = threading.Lock()
 
     def load(self, upstream: str, page: MetricsPage, now: float) -> ServerLoad:
         with self._lock:
             before = self._last.get(upstream)
             self._last[upstream] = (now, page)
-            held = self._hold(upstream, page)
+            mark, held = self._hold(upstream, page)
         preempted, rate = 0, 0.0
         if before is not None:
             at, last = before
@@ -230,17 +232,20 @@ class LoadMeter:
                     rate = (page.generated_tokens - last.generated_tokens) / (now - at)
         return ServerLoad(running=page.running, waiting=page.waiting, token_usage=page.kv_usage,
                           retracted=preempted, gen_throughput=rate,
-                          max_running=page.running if held >= CAP_READINGS else None, server=VLLM)
+                          max_running=mark if held >= CAP_READINGS else None, server=VLLM)
 
-    def _hold(self, upstream: str, page: MetricsPage) -> int:
-        """How many pages in a row, this one included, held this running count with requests waiting."""
+    def _hold(self, upstream: str, page: MetricsPage) -> tuple[int, int]:
+        """The high mark of the running count over the pages in a row, this one included, with
+        requests waiting and the KV cache mostly free, and how many pages in a row stayed at it (a
+        new high mark starts again at one, as does a page below its slack)."""
         if not (page.running and page.waiting and page.kv_usage < KV_FREE_BELOW):
             self._held.pop(upstream, None)
-            return 0
-        running, pages = self._held.get(upstream, (page.running, 0))
-        pages = pages + 1 if running == page.running else 1
-        self._held[upstream] = (page.running, pages)
-        return pages
+            return 0, 0
+        mark, pages = self._held.get(upstream, (page.running, 0))
+        if page.running > mark or page.running < mark - running_cap_slack(mark):
+            mark, pages = page.running, 0
+        self._held[upstream] = (mark, pages + 1)
+        return mark, pages + 1
 
 
 class VllmServer(HttpServerKind):
