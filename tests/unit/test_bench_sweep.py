@@ -109,3 +109,19 @@ def test_a_missed_cell_names_what_its_own_server_did_when_the_kv_ran_out():
     notes = {half: sweep_figures(outcome(summary, half=half))[0].note() for half in ("sglang", "vllm")}
     assert "SGLang retracted 6 under auto" in notes["sglang"]
     assert "vLLM preempted 6 under auto" in notes["vllm"] and "SGLang" not in notes["vllm"]
+
+
+def test_a_capped_servers_runs_give_medians_and_the_soonest_alarm():
+    def run(rate: float, alarm: str | None, after: float | None) -> dict:
+        return {"decode_rate": rate, "tokens_per_s": rate / 2, "running": 8, "waiting": 40, "token_usage": 0.01,
+                "records": 10, "alarm": alarm, "alarm_after_s": after}
+
+    side = sweep.remedy_side([run(700.0, None, None), run(800.0, "server-limited: late", 20.0),
+                              run(900.0, "server-limited: soon", 6.0)])
+    assert (side["decode_rate"], side["min"], side["max"]) == (800.0, 700.0, 900.0)
+    assert (side["alarm"], side["alarm_after_s"], side["alarmed"]) == ("server-limited: soon", 6.0, "2 of 3")
+    measured = outcome(cell({}))
+    measured["remedy"].update(repeats=2, low={**measured["remedy"]["low"], **side})
+    lines = "\n".join(sweep.section_lines(measured, "today", "abc1234"))
+    assert "each cap 2 time(s)" in lines and "800 steady tok/s (700 – 900)" in lines
+    assert "an alarm in 2 of 3 runs" in lines
