@@ -311,8 +311,11 @@ class ServerLoad:
         return wanted_waiting(self.running)
 
     def at_running_cap(self) -> bool:
+        """Running at the server's cap: SGLang's reported one exactly; vLLM's, inferred from its
+        pages, within `running_cap_slack` of it (a page read between two steps)."""
         cap = self.max_running or 0
-        return cap > 0 and self.running >= cap - running_cap_slack(cap)
+        slack = running_cap_slack(cap) if self.server == VLLM else 0
+        return cap > 0 and self.running > 0 and self.running >= cap - slack
 
     def admission_bound(self) -> bool:
         """Many requests wait while most of the KV cache is free, below the server's running cap:
@@ -322,14 +325,14 @@ class ServerLoad:
 
 
 def running_cap_slack(cap: int) -> int:
-    """How far below its running cap a server held by that cap may read: vLLM counts a finished
-    request out before the next step admits its replacement (0.32.0 `v1/core/sched/scheduler.py`:
-    `update_from_output` frees it, then `make_stats` counts the running), so a page read between two
-    steps shows the cap less that step's finishes. At `--max-num-seqs 8` with short replies its
-    running read 7 as often as 8, and no alarm came (bench/results.md section 14, at 866b673). A
-    tenth of the cap, at least one; with SGLang's reported cap the slack costs nothing either: at 7
-    of 8 with requests waiting and the KV cache free, it is the cap that holds them."""
-    return max(1, cap // 10)
+    """How far below its `--max-num-seqs` a vLLM server held by that cap may read: it counts a
+    finished request out before the next step admits its replacement (0.32.0
+    `v1/core/sched/scheduler.py`: `update_from_output` frees it, then `make_stats` counts the
+    running), so a page read between two steps shows the cap less that step's finishes. At
+    `--max-num-seqs 8` with short replies its running read 7 as often as 8 and no alarm came, and at
+    16 it read 14 (bench/results.md section 14, at 866b673 and bdbbd4c). An eighth of the cap, at
+    least one. SGLang reports its cap, and is judged by it exactly."""
+    return max(1, cap // 8)
 
 
 def wanted_waiting(running: int) -> int:

@@ -1,7 +1,9 @@
 """When the server's own flags hold the batch down, `status` and `doctor` name the flag
 (common/server_limits.py): from SGLang's `/v1/loads` (its `max_running_requests`) and from vLLM's
-`/metrics` (its running count held flat while requests wait: servers/vllm.py `LoadMeter`)."""
+`/metrics` (its running count's high mark held while requests wait: servers/vllm.py `LoadMeter`)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -54,6 +56,24 @@ def test_vllm_running_held_with_requests_waiting_is_its_max_num_seqs():
     assert limit is not None and limit.flag == "--max-num-seqs" and "8 running" in limit.figure
 
 
+def test_a_draining_vllm_batch_is_not_a_cap():
+    # A count falling within the slack while requests wait never reads its high mark again.
+    meter = LoadMeter()
+    assert [meter.load("u", page(running, 9), now=float(n)).max_running for n, running in
+            enumerate([40, 39, 38, 37, 36])] == [None] * 5
+
+
+def test_sglangs_reported_cap_is_judged_exactly_and_an_idle_server_is_at_no_cap():
+    below = ServerLoad(running=7, waiting=40, token_usage=0.1, retracted=0, gen_throughput=1.0, max_running=8,
+                       server=SGLANG)
+    assert not below.at_running_cap() and server_limit(below) is None and below.admission_bound()
+    assert replace(below, running=8).at_running_cap()
+    assert replace(below, server=VLLM).at_running_cap()  # vLLM's inferred cap: within its slack
+    idle = ServerLoad(running=0, waiting=3, token_usage=0.0, retracted=0, gen_throughput=0.0, max_running=1,
+                      server=VLLM)
+    assert not idle.at_running_cap()
+
+
 def test_vllm_cap_is_named_though_a_page_between_two_steps_reads_one_below_it():
     # vLLM counts a step's finished requests out before the next step admits their replacements: at
     # --max-num-seqs 8 with short replies its pages read 8, 7, 8, 7 (bench section 14, no alarm).
@@ -81,12 +101,13 @@ def test_vllm_cap_is_inferred_only_after_a_high_mark_held_that_many_pages_with_r
             run.insert(0, earlier)
         # The last stretch of that run whose pages all stay within the slack of its first page, and
         # never above it: a higher page starts a new high mark, a lower one past the slack too.
-        mark, held = None, 0
+        # It counts only once the mark itself was read twice in that stretch.
+        mark, stretch = None, []
         for earlier in run:
-            if mark is None or earlier > mark or earlier < mark - max(1, mark // 10):
-                mark, held = earlier, 1
-            else:
-                held += 1
+            if mark is None or earlier > mark or earlier < mark - max(1, mark // 8):
+                mark, stretch = earlier, []
+            stretch.append(earlier)
+        held = len(stretch) if stretch.count(mark) >= 2 else 0
         assert load.max_running == (mark if held >= CAP_READINGS else None), (pages[:index + 1], load)
         if load.max_running is not None:
             assert load.running <= load.max_running

@@ -211,11 +211,12 @@ class LoadMeter:
     mostly free, is taken as the cap (`max_running`): below its cap the scheduler admits a waiting
     request at its next step (v1/core/sched/scheduler.py), so the count would not hold. "Stays at"
     allows the dip `running_cap_slack` (fleet_stats.py): a page read between two steps counts that
-    step's finished requests out and their replacements not yet in."""
+    step's finished requests out and their replacements not yet in; and the mark itself must be read
+    twice among those pages."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[float, MetricsPage]] = {}
-        self._held: dict[str, tuple[int, int]] = {}  # upstream -> (high mark, pages in a row at it)
+        self._held: dict[str, tuple[int, int, int]] = {}  # upstream -> (high mark, pages in a row at it, pages on it)
         self._lock = threading.Lock()
 
     def load(self, upstream: str, page: MetricsPage, now: float) -> ServerLoad:
@@ -237,15 +238,17 @@ class LoadMeter:
     def _hold(self, upstream: str, page: MetricsPage) -> tuple[int, int]:
         """The high mark of the running count over the pages in a row, this one included, with
         requests waiting and the KV cache mostly free, and how many pages in a row stayed at it (a
-        new high mark starts again at one, as does a page below its slack)."""
+        new high mark starts again at one, as does a page below its slack). 0 pages until the mark
+        was read twice: a count falling within the slack (40, 39, 38) is a batch draining, not a cap."""
         if not (page.running and page.waiting and page.kv_usage < KV_FREE_BELOW):
             self._held.pop(upstream, None)
             return 0, 0
-        mark, pages = self._held.get(upstream, (page.running, 0))
+        mark, pages, hits = self._held.get(upstream, (page.running, 0, 0))
         if page.running > mark or page.running < mark - running_cap_slack(mark):
-            mark, pages = page.running, 0
-        self._held[upstream] = (mark, pages + 1)
-        return mark, pages + 1
+            mark, pages, hits = page.running, 0, 0
+        pages, hits = pages + 1, hits + (page.running == mark)
+        self._held[upstream] = (mark, pages, hits)
+        return mark, pages if hits >= 2 else 0
 
 
 class VllmServer(HttpServerKind):
