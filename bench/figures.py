@@ -420,6 +420,7 @@ def sweep_figures(outcome: dict) -> list[Figure]:
         ]
     if remedy := outcome.get("remedy"):
         low = remedy["low"]
+        alarmed = f" (in {low['alarmed']} runs)" if "alarmed" in low else ""
         figures.append(Figure(
             f"A server capped at `{remedy.get('cap_flag', '--max-running-requests')} {remedy['low_cap']}`, "
             "restarted with "
@@ -427,7 +428,8 @@ def sweep_figures(outcome: dict) -> list[Figure]:
             format_ratio,
             detail=f"{remedy['raised']['decode_rate']:,.0f} vs {low['decode_rate']:,.0f} tok/s (wall "
                    f"{remedy['wall_ratio']:.2f}×); the alarm after "
-                   f"{low['alarm_after_s'] or 0:.0f} s: {'named the flag' if low['alarm'] else 'none'}; records "
+                   f"{low['alarm_after_s'] or 0:.0f} s: {'named the flag' if low['alarm'] else 'none'}{alarmed}; "
+                   "records "
                    f"identical {remedy['identical']} of {remedy['raised']['records']}",
             target="≥ 1.3×", meets=lambda v: v >= 1.3))
     return figures

@@ -341,7 +341,7 @@ def measure_remedy(half: Half, procs: Processes, redis_url: str, model: Path, ro
     """Auto as it ships against a server capped at LOW_RUNNING_CAP, then against the same server
     restarted with the cap the alarm advises: tok/s after ÷ before (medians), and the alarm's line.
     `repeats` times each, the two caps alternately first and second, as a cell's modes run: one run
-    each moved 1.43x on vLLM's CPU engine once and 1.01x the next (bench/results.md section 14)."""
+    each moved 1.43x on vLLM's CPU engine once (section 14 at 79927d7) and 1.01x the next (at 866b673)."""
     runs: dict[int, list[dict]] = {LOW_RUNNING_CAP: [], 2 * LOW_RUNNING_CAP: []}
     workload = half.workloads["short chat"]
     for repeat in range(repeats):
@@ -503,4 +503,6 @@ def _spread(side: dict) -> str:
 
 
 def _alarmed(side: dict) -> str:
-    return f" (the soonest; an alarm in {side['alarmed']} runs)" if "alarmed" in side else ""
+    if "alarmed" not in side:
+        return ""
+    return f" (the soonest; an alarm in {side['alarmed']} runs)" if side["alarm"] else f" (in {side['alarmed']} runs)"

@@ -63,6 +63,6 @@ def server_limit(load: ServerLoad) -> ServerLimit | None:
         flag = KV_FLAG[kind]
         return ServerLimit(
             flag, f"KV cache {load.token_usage:.0%} full, {load.retracted} requests {EVICTED[kind]}",
-            "give the KV cache more memory, or lower the workers' --in-flight (evicted requests recompute "
-            "their prompt)")
+            "give the KV cache more memory (evicted requests recompute their prompt; the server sheds them "
+            "itself, and fewer in flight from the workers help only once they are fewer than its batch)")
     return None

@@ -28,9 +28,12 @@ The rule, per host, every `admission_interval_s`:
   it preempts back in its waiting queue and admits nothing more in that step (0.32.0
   `v1/core/sched/scheduler.py` `schedule`, `_preempt_request`). What the client's count decides is
   only the queue: a raise would lengthen it, and a cut below it, which this rule once made (to four
-  fifths of the streams), starves the batch. On vLLM's own server a preemption came at every
-  fixed count alike (27 at 32 in flight, 28 at 400: bench/results.md section 14), and after 6 of
-  them auto's cut left 35 running where fixed 128 ran 42 with 13 waiting (0.88× its tok/s).
+  fifths of the streams), starves the batch. On vLLM's own server (bench/results.md section 14 at
+  79927d7) the seeds' lengths preempted at every fixed count alike (27 at 32 in flight, 28 at 400);
+  on short chat with its KV cache limited no fixed count preempted and auto did 6 times, and its
+  cuts left 35 running where fixed 128 ran 42 with 13 waiting (0.88× its tok/s; 0.99× held, at
+  866b673). SGLang's `queues.retracted` is the count at its last stats log and is reset by the
+  next (0.5.23 `scheduler_components/metrics_reporter.py`), so a hold lasts about one log interval.
 - a waiting queue below it, and this worker filling its target: raise the target, by a quarter
   when nothing waits (doubled while the KV cache is less than half in use: a raise can only
   overfill a host by queueing, which the next reading shows, or by running its KV out, which is
